@@ -1,0 +1,82 @@
+//! The controller: decides a Service's addresses (DESIGN.md §4) on the
+//! allocator and writes the result through a [`crate::Client`].
+
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use subscriber::IPAddressPool;
+use async_trait::async_trait;
+
+/// What became of one reconciliation, and what the manager must do next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncOutcome {
+    pub state: SyncState,
+    /// Services waiting for an address must be reconsidered (a Service was
+    /// deleted or released its addresses), longest-waiting first.
+    pub wake_waiting: bool,
+    /// Further Services to reconsider.
+    pub reconsider: Reconsider,
+}
+
+impl SyncOutcome {
+    /// Plain success, nothing else to do.
+    pub fn success() -> Self {
+        Self::new(SyncState::Success)
+    }
+
+    pub fn new(state: SyncState) -> Self {
+        Self { state, wake_waiting: false, reconsider: Reconsider::None }
+    }
+}
+
+/// How a reconciliation ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SyncState {
+    /// Done; the key leaves the waiting list if it was on it.
+    Success,
+    /// A write failed: process the key again after a backoff.
+    Retry(String),
+    /// No address could be given: the key waits (DESIGN.md §4.6) until a
+    /// delete or release wakes it. Not retried by itself.
+    Waiting,
+    /// The request is invalid (`LoadBalancerFailed`): not retried, not waiting.
+    Invalid,
+}
+
+/// Which other Services to reconsider after a reconciliation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reconsider {
+    None,
+    /// These keys (e.g. the others on a shared address).
+    Keys(Vec<String>),
+    /// Every Service, those with addresses in their status first (DESIGN.md §4.5
+    /// order): after a pool or Namespace change.
+    All,
+}
+
+/// What the restore pass at sync (DESIGN.md §4.5, first pass) did with a
+/// Service's status addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestoreOutcome {
+    /// Not ours (not a LoadBalancer of our class), or no addresses in status.
+    Nothing,
+    /// The status addresses are still allowed and now held.
+    Kept,
+    /// The status addresses are not allowed: the Service must release them.
+    MustRelease,
+}
+
+/// The decision-maker the manager drives, one key at a time (modelled on the
+/// controller interface Cilium's BGP manager called on MetalLB).
+#[async_trait]
+pub trait Controller: Send + Sync + 'static {
+    /// Reconciles the Service `key`; `None` when it is deleted.
+    async fn set_balancer(&self, key: &str, service: Option<&Service>) -> SyncOutcome;
+    /// Applies a pool change; `None` when the pool is deleted.
+    async fn set_pool(&self, name: &str, pool: Option<&IPAddressPool>) -> SyncOutcome;
+    /// Applies a Namespace change; `None` when it is deleted.
+    async fn set_namespace(&self, name: &str, namespace: Option<&Namespace>) -> SyncOutcome;
+    /// The first pass at sync: keep the Service's status addresses if still
+    /// allowed; hand out nothing, write nothing.
+    fn restore(&self, key: &str, service: &Service) -> RestoreOutcome;
+    /// The host's initial list is complete; called after the restore pass.
+    fn mark_synced(&self);
+}

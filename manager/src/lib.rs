@@ -1,0 +1,16 @@
+//! The plugin's engine: [`Manager`] queues Service, pool and Namespace keys
+//! from the subscriber traits and one worker reconciles them through a
+//! [`Controller`]; [`AllocatingController`] applies DESIGN.md §4 on the
+//! `allocator` crate and writes through a [`Client`].
+//!
+//! Start with [`Manager::new`], register it on a `subscriber` chain, call
+//! [`Manager::mark_synced`] when the host's initial list is complete.
+
+mod client;
+mod controller;
+mod manager;
+mod store;
+
+pub use client::{Client, ClientError, Event, EventType, ServiceWrite, POOL_ANNOTATION};
+pub use controller::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState};
+pub use store::{DashMapStore, Store};

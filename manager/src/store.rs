@@ -1,0 +1,60 @@
+//! The shared cache: the watcher's object store as the manager reads it.
+
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use subscriber::IPAddressPool;
+
+/// Read access to the host's current objects. The worker reads the current
+/// object of a key from here when it processes the key (absent: deleted), so
+/// the queue only ever carries keys.
+///
+/// Implementations must be cheap: hand out an `Arc` and release any lock at
+/// once (never hold a guard across an `.await`).
+pub trait Store: Send + Sync + 'static {
+    /// The Service with key `namespace/name`.
+    fn service(&self, key: &str) -> Option<Arc<Service>>;
+    /// Every Service key in the store, in no particular order.
+    fn service_keys(&self) -> Vec<String>;
+    /// The `IPAddressPool` named `name`.
+    fn pool(&self, name: &str) -> Option<Arc<IPAddressPool>>;
+    /// Every pool name in the store, in no particular order.
+    fn pool_names(&self) -> Vec<String>;
+    /// The Namespace named `name`.
+    fn namespace(&self, name: &str) -> Option<Arc<Namespace>>;
+}
+
+/// A [`Store`] over three concurrent maps, for hosts without a store of their
+/// own (and for tests).
+#[derive(Debug, Default)]
+pub struct DashMapStore {
+    /// Services by `namespace/name`.
+    pub services: DashMap<String, Arc<Service>>,
+    /// Pools by name.
+    pub pools: DashMap<String, Arc<IPAddressPool>>,
+    /// Namespaces by name.
+    pub namespaces: DashMap<String, Arc<Namespace>>,
+}
+
+impl Store for DashMapStore {
+    fn service(&self, key: &str) -> Option<Arc<Service>> {
+        self.services.get(key).map(|entry| Arc::clone(entry.value()))
+    }
+
+    fn service_keys(&self) -> Vec<String> {
+        self.services.iter().map(|entry| entry.key().clone()).collect()
+    }
+
+    fn pool(&self, name: &str) -> Option<Arc<IPAddressPool>> {
+        self.pools.get(name).map(|entry| Arc::clone(entry.value()))
+    }
+
+    fn pool_names(&self) -> Vec<String> {
+        self.pools.iter().map(|entry| entry.key().clone()).collect()
+    }
+
+    fn namespace(&self, name: &str) -> Option<Arc<Namespace>> {
+        self.namespaces.get(name).map(|entry| Arc::clone(entry.value()))
+    }
+}
