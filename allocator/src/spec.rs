@@ -18,7 +18,11 @@ pub struct IPAddressPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_assign: Option<bool>,
     /// Default false: when true, IPv4 `.0` and `.255` are never used.
-    #[serde(default, rename = "avoidBuggyIPs", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "avoidBuggyIPs",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub avoid_buggy_ips: Option<bool>,
     /// Present: the pool is pinned to the Services it matches.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,0 +1,517 @@
+//! Address pools: parsing and validating an `IPAddressPool` spec on its own.
+//! Overlaps between pools are the [`crate::Allocator`]'s business.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::addr::{from_int, to_int, Family, Usable};
+use crate::selector::{Selector, SelectorError};
+use crate::spec::{IPAddressPoolSpec, LabelSelectorSpec};
+
+/// One entry of `spec.addresses`, as an inclusive range of one family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddrRange {
+    pub family: Family,
+    pub(crate) first: u128,
+    pub(crate) last: u128,
+}
+
+impl AddrRange {
+    /// The lowest address.
+    pub fn first(&self) -> IpAddr {
+        from_int(self.family, self.first)
+    }
+
+    /// The highest address.
+    pub fn last(&self) -> IpAddr {
+        from_int(self.family, self.last)
+    }
+
+    pub(crate) fn contains(&self, family: Family, value: u128) -> bool {
+        self.family == family && self.first <= value && value <= self.last
+    }
+
+    fn overlaps(&self, other: &AddrRange) -> bool {
+        self.family == other.family && self.first <= other.last && other.first <= self.last
+    }
+}
+
+impl fmt::Display for AddrRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.first(), self.last())
+    }
+}
+
+/// Why a pool is rejected. The message names the offending entry.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// `spec.addresses` is empty.
+    #[error("spec.addresses is empty")]
+    NoAddresses,
+    /// An entry that is neither a prefix, a range nor an address.
+    #[error("address {entry:?}: {reason}")]
+    BadAddress { entry: String, reason: String },
+    /// A range whose first address is after its last.
+    #[error("range {entry}: first address is after the last")]
+    Reversed { entry: String },
+    /// A range from one family to the other.
+    #[error("range {entry}: first and last are of different IP families")]
+    MixedRange { entry: String },
+    /// Two entries of the same pool overlap.
+    #[error("addresses {entry:?} overlap {other:?} in the same pool")]
+    SelfOverlap { entry: String, other: String },
+    /// An entry overlaps a pool accepted before this one.
+    #[error("addresses {entry:?} overlap {other_entry:?} of pool {other_pool:?}")]
+    Overlap {
+        entry: String,
+        other_pool: String,
+        other_entry: String,
+    },
+    /// A malformed selector.
+    #[error("serviceAllocation.{field}[{index}]: {source}")]
+    BadSelector {
+        field: &'static str,
+        index: usize,
+        #[source]
+        source: SelectorError,
+    },
+    /// The same selector twice.
+    #[error("serviceAllocation.{field}[{index}] duplicates an earlier selector")]
+    DuplicateSelector { field: &'static str, index: usize },
+    /// The same namespace twice.
+    #[error("serviceAllocation.namespaces lists {namespace:?} twice")]
+    DuplicateNamespace { namespace: String },
+    /// A negative priority.
+    #[error("serviceAllocation.priority {priority} is negative")]
+    NegativePriority { priority: i64 },
+}
+
+/// The Services a pinned pool serves (`spec.serviceAllocation`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceAllocation {
+    /// 1 is the highest; `None` (0 or unset) the lowest.
+    pub priority: Option<u64>,
+    namespaces: BTreeSet<String>,
+    namespace_selectors: Vec<Selector>,
+    service_selectors: Vec<Selector>,
+}
+
+/// What a pool needs to know about a Service to decide whether it serves it.
+#[derive(Clone, Copy, Debug)]
+pub struct Subject<'a> {
+    pub namespace: &'a str,
+    /// The Service's labels.
+    pub labels: &'a BTreeMap<String, String>,
+    /// Its Namespace's labels (empty when the Namespace is unknown).
+    pub namespace_labels: &'a BTreeMap<String, String>,
+}
+
+impl ServiceAllocation {
+    fn serves(&self, subject: &Subject<'_>) -> bool {
+        let has_namespace_rule =
+            !self.namespaces.is_empty() || !self.namespace_selectors.is_empty();
+        let namespace_ok = !has_namespace_rule
+            || self.namespaces.contains(subject.namespace)
+            || self
+                .namespace_selectors
+                .iter()
+                .any(|s| s.matches(subject.namespace_labels));
+        let service_ok = self.service_selectors.is_empty()
+            || self
+                .service_selectors
+                .iter()
+                .any(|s| s.matches(subject.labels));
+        namespace_ok && service_ok
+    }
+}
+
+/// A validated pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    pub name: String,
+    /// `spec.addresses` in order.
+    pub ranges: Vec<AddrRange>,
+    pub auto_assign: bool,
+    pub avoid_buggy_ips: bool,
+    /// `Some` for a pinned pool.
+    pub allocation: Option<ServiceAllocation>,
+}
+
+impl Pool {
+    /// Parses and validates `spec` on its own (overlaps with other pools are
+    /// checked by the allocator).
+    pub fn parse(name: &str, spec: &IPAddressPoolSpec) -> Result<Pool, PoolError> {
+        if spec.addresses.is_empty() {
+            return Err(PoolError::NoAddresses);
+        }
+        let mut ranges: Vec<(AddrRange, &str)> = Vec::with_capacity(spec.addresses.len());
+        for entry in &spec.addresses {
+            let range = parse_entry(entry)?;
+            if let Some((_, other)) = ranges.iter().find(|(r, _)| r.overlaps(&range)) {
+                return Err(PoolError::SelfOverlap {
+                    entry: entry.trim().to_owned(),
+                    other: other.trim().to_owned(),
+                });
+            }
+            ranges.push((range, entry));
+        }
+        let allocation = spec
+            .service_allocation
+            .as_ref()
+            .map(parse_allocation)
+            .transpose()?;
+        Ok(Pool {
+            name: name.to_owned(),
+            ranges: ranges.into_iter().map(|(range, _)| range).collect(),
+            auto_assign: spec.auto_assign.unwrap_or(true),
+            avoid_buggy_ips: spec.avoid_buggy_ips.unwrap_or(false),
+            allocation,
+        })
+    }
+
+    /// Whether the pool may give addresses to `subject` (autoAssign aside).
+    pub fn serves(&self, subject: &Subject<'_>) -> bool {
+        self.allocation
+            .as_ref()
+            .is_none_or(|allocation| allocation.serves(subject))
+    }
+
+    /// Which addresses of `family` may be handed out.
+    pub(crate) fn usable(&self, family: Family) -> Usable {
+        Usable {
+            family,
+            avoid_buggy: self.avoid_buggy_ips,
+        }
+    }
+
+    /// Whether `ip` lies in the pool and may be handed out.
+    pub fn allows(&self, ip: IpAddr) -> bool {
+        let (family, value) = to_int(ip);
+        self.usable(family).is_usable(value)
+            && self.ranges.iter().any(|r| r.contains(family, value))
+    }
+
+    /// Usable addresses of `family` (after avoidBuggyIPs).
+    pub fn total(&self, family: Family) -> u128 {
+        let usable = self.usable(family);
+        self.ranges
+            .iter()
+            .filter(|r| r.family == family)
+            .map(|r| usable.count(r.first, r.last))
+            .fold(0u128, u128::saturating_add)
+    }
+
+    /// Whether the pool is pinned (has `serviceAllocation`).
+    pub fn is_pinned(&self) -> bool {
+        self.allocation.is_some()
+    }
+
+    /// Sort key of pinned pools: priority 1 first, unset last.
+    pub(crate) fn priority_rank(&self) -> u64 {
+        self.allocation
+            .as_ref()
+            .and_then(|a| a.priority)
+            .unwrap_or(u64::MAX)
+    }
+
+    pub(crate) fn overlap_with(&self, other: &Pool) -> Option<PoolError> {
+        self.ranges.iter().find_map(|mine| {
+            other
+                .ranges
+                .iter()
+                .find(|theirs| mine.overlaps(theirs))
+                .map(|theirs| PoolError::Overlap {
+                    entry: mine.to_string(),
+                    other_pool: other.name.clone(),
+                    other_entry: theirs.to_string(),
+                })
+        })
+    }
+}
+
+fn parse_ip(entry: &str, text: &str) -> Result<IpAddr, PoolError> {
+    text.parse::<IpAddr>().map_err(|_| PoolError::BadAddress {
+        entry: entry.to_owned(),
+        reason: format!("{text:?} is not an IP address"),
+    })
+}
+
+/// Parses one `spec.addresses` entry: a prefix, a `first-last` range or one
+/// address.
+pub fn parse_entry(entry: &str) -> Result<AddrRange, PoolError> {
+    let trimmed = entry.trim();
+    if trimmed.is_empty() {
+        return Err(PoolError::BadAddress {
+            entry: entry.to_owned(),
+            reason: "empty entry".to_owned(),
+        });
+    }
+    if trimmed.contains('/') {
+        let net: IpNet = trimmed.parse().map_err(|_| PoolError::BadAddress {
+            entry: trimmed.to_owned(),
+            reason: "not a valid prefix".to_owned(),
+        })?;
+        // Host bits set (10.0.0.5/24) mean the network, as in MetalLB.
+        let net = net.trunc();
+        let (family, first) = to_int(net.network());
+        let (_, last) = to_int(net.broadcast());
+        return Ok(AddrRange {
+            family,
+            first,
+            last,
+        });
+    }
+    if let Some((low, high)) = trimmed.split_once('-') {
+        let first_ip = parse_ip(trimmed, low.trim())?;
+        let last_ip = parse_ip(trimmed, high.trim())?;
+        let (family, first) = to_int(first_ip);
+        let (last_family, last) = to_int(last_ip);
+        let shown = format!("{first_ip}-{last_ip}");
+        if family != last_family {
+            return Err(PoolError::MixedRange { entry: shown });
+        }
+        if first > last {
+            return Err(PoolError::Reversed { entry: shown });
+        }
+        return Ok(AddrRange {
+            family,
+            first,
+            last,
+        });
+    }
+    let (family, value) = to_int(parse_ip(trimmed, trimmed)?);
+    Ok(AddrRange {
+        family,
+        first: value,
+        last: value,
+    })
+}
+
+fn parse_selectors(
+    field: &'static str,
+    specs: &[LabelSelectorSpec],
+) -> Result<Vec<Selector>, PoolError> {
+    let mut selectors: Vec<Selector> = Vec::with_capacity(specs.len());
+    for (index, spec) in specs.iter().enumerate() {
+        let selector = Selector::parse(spec).map_err(|source| PoolError::BadSelector {
+            field,
+            index,
+            source,
+        })?;
+        if selectors.contains(&selector) {
+            return Err(PoolError::DuplicateSelector { field, index });
+        }
+        selectors.push(selector);
+    }
+    Ok(selectors)
+}
+
+fn parse_allocation(
+    spec: &crate::spec::ServiceAllocationSpec,
+) -> Result<ServiceAllocation, PoolError> {
+    let priority = match spec.priority {
+        Some(p) if p < 0 => return Err(PoolError::NegativePriority { priority: p }),
+        Some(0) | None => None,
+        Some(p) => u64::try_from(p).ok(),
+    };
+    let mut namespaces = BTreeSet::new();
+    for namespace in &spec.namespaces {
+        if !namespaces.insert(namespace.clone()) {
+            return Err(PoolError::DuplicateNamespace {
+                namespace: namespace.clone(),
+            });
+        }
+    }
+    Ok(ServiceAllocation {
+        priority,
+        namespaces,
+        namespace_selectors: parse_selectors("namespaceSelectors", &spec.namespace_selectors)?,
+        service_selectors: parse_selectors("serviceSelectors", &spec.service_selectors)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{LabelSelectorRequirementSpec, ServiceAllocationSpec};
+
+    fn spec(addresses: &[&str]) -> IPAddressPoolSpec {
+        IPAddressPoolSpec {
+            addresses: addresses.iter().map(|a| a.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn err(addresses: &[&str]) -> String {
+        Pool::parse("p", &spec(addresses)).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn entries_of_every_form() {
+        let pool = Pool::parse(
+            "p",
+            &spec(&[
+                "10.0.0.5/24",
+                "10.1.0.1 - 10.1.0.3",
+                "10.2.0.9",
+                "fd00::/64",
+                "fd01::1-fd01::2",
+            ]),
+        )
+        .unwrap();
+        let shown: Vec<String> = pool.ranges.iter().map(|r| r.to_string()).collect();
+        assert_eq!(
+            shown,
+            [
+                "10.0.0.0-10.0.0.255",
+                "10.1.0.1-10.1.0.3",
+                "10.2.0.9-10.2.0.9",
+                "fd00::-fd00::ffff:ffff:ffff:ffff",
+                "fd01::1-fd01::2"
+            ]
+        );
+        assert_eq!(pool.total(Family::V4), 256 + 3 + 1);
+        assert_eq!(pool.total(Family::V6), (1u128 << 64) + 2);
+        assert!(pool.auto_assign);
+        assert!(!pool.avoid_buggy_ips);
+    }
+
+    #[test]
+    fn host_and_all_space_prefixes() {
+        let pool = Pool::parse("p", &spec(&["10.0.0.7/32", "fd00::7/128"])).unwrap();
+        assert_eq!(pool.total(Family::V6), 1);
+        assert_eq!(pool.total(Family::V4), 1);
+        // ::/0 overlaps fd00::7/128.
+        assert!(matches!(
+            Pool::parse("p", &spec(&["fd00::7/128", "::/0"])),
+            Err(PoolError::SelfOverlap { .. })
+        ));
+        let all = Pool::parse("p", &spec(&["::/0"])).unwrap();
+        assert_eq!(all.total(Family::V6), u128::MAX);
+    }
+
+    #[test]
+    fn rejections_name_the_entry() {
+        assert_eq!(err(&[]), "spec.addresses is empty");
+        assert_eq!(
+            err(&["10.0.0.5-10.0.0.1"]),
+            "range 10.0.0.5-10.0.0.1: first address is after the last"
+        );
+        assert_eq!(
+            err(&["10.0.0.0/33"]),
+            "address \"10.0.0.0/33\": not a valid prefix"
+        );
+        assert_eq!(
+            err(&["10.0.0.300"]),
+            "address \"10.0.0.300\": \"10.0.0.300\" is not an IP address"
+        );
+        assert_eq!(
+            err(&["fe80::1%eth0"]),
+            "address \"fe80::1%eth0\": \"fe80::1%eth0\" is not an IP address"
+        );
+        assert_eq!(
+            err(&["10.0.0.1:80"]),
+            "address \"10.0.0.1:80\": \"10.0.0.1:80\" is not an IP address"
+        );
+        assert_eq!(
+            err(&["10.0.0.1-fd00::1"]),
+            "range 10.0.0.1-fd00::1: first and last are of different IP families"
+        );
+        assert_eq!(err(&[" "]), "address \" \": empty entry");
+        assert_eq!(
+            err(&["10.0.0.0/24", "10.0.0.9"]),
+            "addresses \"10.0.0.9\" overlap \"10.0.0.0/24\" in the same pool"
+        );
+    }
+
+    #[test]
+    fn avoid_buggy_ips_in_a_slash_23() {
+        let mut s = spec(&["10.0.0.0/23"]);
+        s.avoid_buggy_ips = Some(true);
+        let pool = Pool::parse("p", &s).unwrap();
+        assert_eq!(pool.total(Family::V4), 508);
+        assert!(!pool.allows("10.0.0.255".parse().unwrap()));
+        assert!(!pool.allows("10.0.1.0".parse().unwrap()));
+        assert!(pool.allows("10.0.1.1".parse().unwrap()));
+        assert!(!pool.allows("10.0.2.1".parse().unwrap()));
+    }
+
+    fn selector(key: &str, operator: &str, values: &[&str]) -> LabelSelectorSpec {
+        LabelSelectorSpec {
+            match_labels: BTreeMap::new(),
+            match_expressions: vec![LabelSelectorRequirementSpec {
+                key: key.into(),
+                operator: operator.into(),
+                values: values.iter().map(|v| v.to_string()).collect(),
+            }],
+        }
+    }
+
+    #[test]
+    fn service_allocation_rules() {
+        let mut s = spec(&["10.0.0.0/24"]);
+        s.service_allocation = Some(ServiceAllocationSpec {
+            priority: Some(5),
+            namespaces: vec!["prod".into()],
+            namespace_selectors: vec![selector("env", "In", &["staging"])],
+            service_selectors: vec![selector("app", "Exists", &[])],
+        });
+        let pool = Pool::parse("p", &s).unwrap();
+        assert_eq!(pool.priority_rank(), 5);
+        let empty = BTreeMap::new();
+        let app: BTreeMap<String, String> = [("app".to_string(), "x".to_string())].into();
+        let staging: BTreeMap<String, String> = [("env".to_string(), "staging".to_string())].into();
+        let subject = |namespace, labels, namespace_labels| Subject {
+            namespace,
+            labels,
+            namespace_labels,
+        };
+        assert!(pool.serves(&subject("prod", &app, &empty)));
+        assert!(!pool.serves(&subject("prod", &empty, &empty)));
+        assert!(pool.serves(&subject("dev", &app, &staging)));
+        assert!(!pool.serves(&subject("dev", &app, &empty)));
+
+        // serviceAllocation with nothing serves everything.
+        let mut open = spec(&["10.0.0.0/24"]);
+        open.service_allocation = Some(ServiceAllocationSpec::default());
+        let open = Pool::parse("p", &open).unwrap();
+        assert!(open.is_pinned());
+        assert_eq!(open.priority_rank(), u64::MAX);
+        assert!(open.serves(&subject("any", &empty, &empty)));
+    }
+
+    #[test]
+    fn malformed_and_duplicate_selectors() {
+        let mut s = spec(&["10.0.0.0/24"]);
+        s.service_allocation = Some(ServiceAllocationSpec {
+            service_selectors: vec![
+                selector("app", "Exists", &[]),
+                selector("app", "Exists", &[]),
+            ],
+            ..Default::default()
+        });
+        assert_eq!(
+            Pool::parse("p", &s).unwrap_err().to_string(),
+            "serviceAllocation.serviceSelectors[1] duplicates an earlier selector"
+        );
+        s.service_allocation = Some(ServiceAllocationSpec {
+            namespace_selectors: vec![selector("env", "Like", &["x"])],
+            ..Default::default()
+        });
+        assert_eq!(
+            Pool::parse("p", &s).unwrap_err().to_string(),
+            "serviceAllocation.namespaceSelectors[0]: unknown operator \"Like\" for key \"env\""
+        );
+        s.service_allocation = Some(ServiceAllocationSpec {
+            namespaces: vec!["a".into(), "a".into()],
+            ..Default::default()
+        });
+        assert!(matches!(
+            Pool::parse("p", &s),
+            Err(PoolError::DuplicateNamespace { .. })
+        ));
+    }
+}

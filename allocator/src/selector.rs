@@ -1,0 +1,207 @@
+//! Kubernetes label selectors (matchLabels and matchExpressions), validated.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::spec::LabelSelectorSpec;
+
+/// A validated label selector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Selector {
+    requirements: Vec<Requirement>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Requirement {
+    Equals(String, String),
+    In(String, BTreeSet<String>),
+    NotIn(String, BTreeSet<String>),
+    Exists(String),
+    DoesNotExist(String),
+}
+
+/// Why a selector is malformed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    /// An operator other than In, NotIn, Exists and DoesNotExist.
+    #[error("unknown operator {operator:?} for key {key:?}")]
+    UnknownOperator { key: String, operator: String },
+    /// In and NotIn need values.
+    #[error("operator {operator} for key {key:?} needs at least one value")]
+    MissingValues { key: String, operator: String },
+    /// Exists and DoesNotExist take no values.
+    #[error("operator {operator} for key {key:?} takes no values")]
+    UnexpectedValues { key: String, operator: String },
+    /// A requirement without a key.
+    #[error("a requirement has an empty key")]
+    EmptyKey,
+}
+
+impl Selector {
+    /// Validates `spec`. An empty selector matches everything, as in Kubernetes.
+    pub fn parse(spec: &LabelSelectorSpec) -> Result<Selector, SelectorError> {
+        let mut requirements = Vec::new();
+        for (key, value) in &spec.match_labels {
+            if key.is_empty() {
+                return Err(SelectorError::EmptyKey);
+            }
+            requirements.push(Requirement::Equals(key.clone(), value.clone()));
+        }
+        for expression in &spec.match_expressions {
+            let key = expression.key.clone();
+            if key.is_empty() {
+                return Err(SelectorError::EmptyKey);
+            }
+            let values: BTreeSet<String> = expression.values.iter().cloned().collect();
+            let operator = expression.operator.as_str();
+            let needs_values = matches!(operator, "In" | "NotIn");
+            if needs_values && values.is_empty() {
+                return Err(SelectorError::MissingValues {
+                    key,
+                    operator: operator.to_owned(),
+                });
+            }
+            if matches!(operator, "Exists" | "DoesNotExist") && !values.is_empty() {
+                return Err(SelectorError::UnexpectedValues {
+                    key,
+                    operator: operator.to_owned(),
+                });
+            }
+            requirements.push(match operator {
+                "In" => Requirement::In(key, values),
+                "NotIn" => Requirement::NotIn(key, values),
+                "Exists" => Requirement::Exists(key),
+                "DoesNotExist" => Requirement::DoesNotExist(key),
+                _ => {
+                    return Err(SelectorError::UnknownOperator {
+                        key,
+                        operator: operator.to_owned(),
+                    })
+                }
+            });
+        }
+        Ok(Selector { requirements })
+    }
+
+    /// Whether `labels` satisfy every requirement.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.requirements
+            .iter()
+            .all(|requirement| match requirement {
+                Requirement::Equals(key, value) => labels.get(key) == Some(value),
+                Requirement::In(key, values) => labels.get(key).is_some_and(|v| values.contains(v)),
+                Requirement::NotIn(key, values) => {
+                    labels.get(key).is_none_or(|v| !values.contains(v))
+                }
+                Requirement::Exists(key) => labels.contains_key(key),
+                Requirement::DoesNotExist(key) => !labels.contains_key(key),
+            })
+    }
+}
+
+impl fmt::Display for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self
+            .requirements
+            .iter()
+            .map(|requirement| match requirement {
+                Requirement::Equals(k, v) => format!("{k}={v}"),
+                Requirement::In(k, v) => format!("{k} in ({})", join(v)),
+                Requirement::NotIn(k, v) => format!("{k} notin ({})", join(v)),
+                Requirement::Exists(k) => k.clone(),
+                Requirement::DoesNotExist(k) => format!("!{k}"),
+            })
+            .collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+fn join(values: &BTreeSet<String>) -> String {
+    values
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::LabelSelectorRequirementSpec;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn expression(key: &str, operator: &str, values: &[&str]) -> LabelSelectorSpec {
+        LabelSelectorSpec {
+            match_labels: BTreeMap::new(),
+            match_expressions: vec![LabelSelectorRequirementSpec {
+                key: key.into(),
+                operator: operator.into(),
+                values: values.iter().map(|v| v.to_string()).collect(),
+            }],
+        }
+    }
+
+    #[test]
+    fn operators() {
+        let team_a = labels(&[("team", "a")]);
+        let none = labels(&[]);
+        let check = |op: &str, values: &[&str], on: &BTreeMap<String, String>| {
+            Selector::parse(&expression("team", op, values))
+                .unwrap()
+                .matches(on)
+        };
+        assert!(check("In", &["a", "b"], &team_a));
+        assert!(!check("In", &["b"], &team_a));
+        assert!(!check("In", &["a"], &none));
+        assert!(check("NotIn", &["b"], &team_a));
+        assert!(check("NotIn", &["b"], &none));
+        assert!(!check("NotIn", &["a"], &team_a));
+        assert!(check("Exists", &[], &team_a));
+        assert!(!check("Exists", &[], &none));
+        assert!(check("DoesNotExist", &[], &none));
+        assert!(!check("DoesNotExist", &[], &team_a));
+    }
+
+    #[test]
+    fn match_labels_and_empty_selector() {
+        let spec = LabelSelectorSpec {
+            match_labels: labels(&[("team", "a"), ("tier", "web")]),
+            match_expressions: vec![],
+        };
+        let selector = Selector::parse(&spec).unwrap();
+        assert!(selector.matches(&labels(&[("team", "a"), ("tier", "web"), ("x", "y")])));
+        assert!(!selector.matches(&labels(&[("team", "a")])));
+        assert!(Selector::parse(&LabelSelectorSpec::default())
+            .unwrap()
+            .matches(&labels(&[])));
+    }
+
+    #[test]
+    fn malformed_selectors() {
+        assert_eq!(
+            Selector::parse(&expression("team", "Equals", &["a"])),
+            Err(SelectorError::UnknownOperator {
+                key: "team".into(),
+                operator: "Equals".into()
+            })
+        );
+        assert!(matches!(
+            Selector::parse(&expression("team", "In", &[])),
+            Err(SelectorError::MissingValues { .. })
+        ));
+        assert!(matches!(
+            Selector::parse(&expression("team", "Exists", &["a"])),
+            Err(SelectorError::UnexpectedValues { .. })
+        ));
+        assert_eq!(
+            Selector::parse(&expression("", "Exists", &[])),
+            Err(SelectorError::EmptyKey)
+        );
+    }
+}

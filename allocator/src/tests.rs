@@ -1,0 +1,783 @@
+//! Unit tests of the allocation rules (DESIGN.md §3, §4.3, §4.4) and
+//! property tests of the invariants (§6).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use proptest::prelude::*;
+
+use crate::spec::{IPAddressPoolSpec, LabelSelectorSpec, ServiceAllocationSpec};
+use crate::*;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn ips(list: &[&str]) -> Vec<IpAddr> {
+    list.iter().map(|s| ip(s)).collect()
+}
+
+fn pool_spec(addresses: &[&str]) -> IPAddressPoolSpec {
+    IPAddressPoolSpec {
+        addresses: addresses.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+/// A Service request with owned parts, for tests.
+#[derive(Clone, Debug)]
+struct Svc {
+    key: String,
+    namespace: String,
+    labels: BTreeMap<String, String>,
+    families: FamilyPolicy,
+    sharing: String,
+    backend: String,
+    ports: Vec<Port>,
+    pool: Option<String>,
+    addresses: Vec<IpAddr>,
+}
+
+fn svc(key: &str) -> Svc {
+    Svc {
+        key: key.to_owned(),
+        namespace: key.split('/').next().unwrap_or("default").to_owned(),
+        labels: BTreeMap::new(),
+        families: FamilyPolicy::Single(Family::V4),
+        sharing: String::new(),
+        backend: String::new(),
+        ports: vec![tcp(80)],
+        pool: None,
+        addresses: vec![],
+    }
+}
+
+fn tcp(port: i32) -> Port {
+    Port {
+        protocol: Protocol::Tcp,
+        port,
+    }
+}
+
+impl Svc {
+    fn req(&self) -> Request<'_> {
+        Request {
+            key: &self.key,
+            subject: Subject {
+                namespace: &self.namespace,
+                labels: &self.labels,
+                namespace_labels: &NO_LABELS,
+            },
+            families: self.families,
+            sharing_key: &self.sharing,
+            backend_key: &self.backend,
+            ports: &self.ports,
+            pool: self.pool.as_deref(),
+            addresses: &self.addresses,
+        }
+    }
+    fn v6(mut self) -> Self {
+        self.families = FamilyPolicy::Single(Family::V6);
+        self
+    }
+    fn dual(mut self) -> Self {
+        self.families = FamilyPolicy::RequireDual;
+        self
+    }
+    fn prefer(mut self, primary: Family) -> Self {
+        self.families = FamilyPolicy::PreferDual { primary };
+        self
+    }
+    fn share(mut self, key: &str, ports: &[i32]) -> Self {
+        self.sharing = key.to_owned();
+        self.ports = ports.iter().map(|p| tcp(*p)).collect();
+        self
+    }
+    fn in_pool(mut self, pool: &str) -> Self {
+        self.pool = Some(pool.to_owned());
+        self
+    }
+    fn asking(mut self, addresses: &[&str]) -> Self {
+        self.addresses = ips(addresses);
+        self
+    }
+}
+
+fn alloc(allocator: &mut Allocator, service: &Svc) -> Result<Vec<String>, AllocError> {
+    let holding = allocator.allocate(&service.req())?;
+    allocator.check_invariants().unwrap();
+    Ok(holding.ips.iter().map(|i| i.to_string()).collect())
+}
+
+fn one(allocator: &mut Allocator, service: &Svc) -> String {
+    alloc(allocator, service).unwrap().join(",")
+}
+
+fn with_pools(pools: &[(&str, &[&str])]) -> Allocator {
+    let mut allocator = Allocator::new();
+    for (name, addresses) in pools {
+        allocator.set_pool(name, &pool_spec(addresses));
+    }
+    allocator
+}
+
+#[test]
+fn lowest_address_first_in_spec_order() {
+    let mut a = with_pools(&[("p", &["10.0.1.0/30", "10.0.0.0/30"])]);
+    let got: Vec<String> = (0..6)
+        .map(|i| one(&mut a, &svc(&format!("ns/s{i}"))))
+        .collect();
+    assert_eq!(
+        got,
+        ["10.0.1.0", "10.0.1.1", "10.0.1.2", "10.0.1.3", "10.0.0.0", "10.0.0.1"]
+    );
+}
+
+#[test]
+fn slash_32_and_slash_128_pools_then_exhaustion_and_release() {
+    let mut a = with_pools(&[("four", &["192.168.1.7/32"]), ("six", &["fd00::7/128"])]);
+    assert_eq!(one(&mut a, &svc("ns/a")), "192.168.1.7");
+    assert!(matches!(
+        alloc(&mut a, &svc("ns/b")),
+        Err(AllocError::NoAvailable { .. })
+    ));
+    assert_eq!(
+        alloc(&mut a, &svc("ns/b")).unwrap_err().to_string(),
+        "no available IPs: no pool has an IPv4 address free (tried four, six)"
+    );
+    assert_eq!(one(&mut a, &svc("ns/c").v6()), "fd00::7");
+    assert!(a.release("ns/a").is_some());
+    assert_eq!(one(&mut a, &svc("ns/b")), "192.168.1.7");
+    assert_eq!(
+        a.pool_stats()[0].ipv4,
+        FamilyStats {
+            total: 1,
+            assigned: 1
+        }
+    );
+}
+
+#[test]
+fn range_crossing_an_octet_and_the_last_address() {
+    let mut a = with_pools(&[("p", &["10.0.0.254-10.0.1.1"])]);
+    let got: Vec<String> = (0..4)
+        .map(|i| one(&mut a, &svc(&format!("ns/s{i}"))))
+        .collect();
+    assert_eq!(got, ["10.0.0.254", "10.0.0.255", "10.0.1.0", "10.0.1.1"]);
+    assert!(alloc(&mut a, &svc("ns/s4")).is_err());
+}
+
+#[test]
+fn avoid_buggy_ips_in_a_range_and_a_slash_23() {
+    let mut a = Allocator::new();
+    let mut spec = pool_spec(&["10.0.0.254-10.0.1.2", "10.1.0.0/23"]);
+    spec.avoid_buggy_ips = Some(true);
+    a.set_pool("p", &spec);
+    let got: Vec<String> = (0..6)
+        .map(|i| one(&mut a, &svc(&format!("ns/s{i}"))))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "10.0.0.254",
+            "10.0.1.1",
+            "10.0.1.2",
+            "10.1.0.1",
+            "10.1.0.2",
+            "10.1.0.3"
+        ]
+    );
+    assert_eq!(a.pool_stats()[0].ipv4.total, 3 + 508);
+    // A buggy address is neither handed out nor accepted.
+    let err = alloc(&mut a, &svc("ns/x").asking(&["10.1.0.255"])).unwrap_err();
+    assert_eq!(
+        err,
+        AllocError::Avoided {
+            ip: ip("10.1.0.255"),
+            pool: "p".into()
+        }
+    );
+    assert!(a.can_keep(&svc("ns/x").req(), &ips(&["10.1.1.0"])).is_err());
+}
+
+#[test]
+fn ipv6_slash_64_in_order_with_exact_counters() {
+    let mut a = with_pools(&[("v6", &["fd00:1::/64"])]);
+    let got: Vec<String> = (0..3)
+        .map(|i| one(&mut a, &svc(&format!("ns/s{i}")).v6()))
+        .collect();
+    assert_eq!(got, ["fd00:1::", "fd00:1::1", "fd00:1::2"]);
+    let stats = &a.pool_stats()[0];
+    assert_eq!(
+        stats.ipv6,
+        FamilyStats {
+            total: 1 << 64,
+            assigned: 3
+        }
+    );
+    assert_eq!(
+        stats.ipv4,
+        FamilyStats {
+            total: 0,
+            assigned: 0
+        }
+    );
+}
+
+#[test]
+fn pool_order_pinned_by_priority_then_name_then_unpinned_by_name() {
+    let mut a = Allocator::new();
+    a.set_pool("zz-open", &pool_spec(&["10.9.0.0/24"]));
+    a.set_pool("aa-open", &pool_spec(&["10.8.0.0/24"]));
+    let pinned = |addr: &str, priority: Option<i64>| IPAddressPoolSpec {
+        service_allocation: Some(ServiceAllocationSpec {
+            priority,
+            ..Default::default()
+        }),
+        ..pool_spec(&[addr])
+    };
+    a.set_pool("pin-unset", &pinned("10.3.0.0/24", None));
+    a.set_pool("pin-2", &pinned("10.2.0.0/24", Some(2)));
+    a.set_pool("pin-1b", &pinned("10.1.1.0/32", Some(1)));
+    a.set_pool("pin-1a", &pinned("10.1.0.0/32", Some(1)));
+    let mut manual = pool_spec(&["10.0.0.0/24"]);
+    manual.auto_assign = Some(false);
+    a.set_pool("aaa-manual", &manual);
+    let got: Vec<String> = (0..5)
+        .map(|i| one(&mut a, &svc(&format!("ns/s{i}"))))
+        .collect();
+    assert_eq!(
+        got,
+        ["10.1.0.0", "10.1.1.0", "10.2.0.0", "10.2.0.1", "10.2.0.2"]
+    );
+    // autoAssign false: only by name or by address.
+    assert_eq!(one(&mut a, &svc("ns/m").in_pool("aaa-manual")), "10.0.0.0");
+    assert_eq!(one(&mut a, &svc("ns/n").asking(&["10.0.0.9"])), "10.0.0.9");
+}
+
+#[test]
+fn unpinned_pools_by_name() {
+    let mut a = with_pools(&[("b", &["10.2.0.0/32"]), ("a", &["10.1.0.0/32"])]);
+    assert_eq!(one(&mut a, &svc("ns/1")), "10.1.0.0");
+    assert_eq!(one(&mut a, &svc("ns/2")), "10.2.0.0");
+}
+
+#[test]
+fn pinned_pool_serves_only_what_it_matches() {
+    let mut a = Allocator::new();
+    a.set_pool(
+        "prod-only",
+        &IPAddressPoolSpec {
+            service_allocation: Some(ServiceAllocationSpec {
+                priority: Some(1),
+                namespaces: vec!["prod".into()],
+                ..Default::default()
+            }),
+            ..pool_spec(&["10.1.0.0/24"])
+        },
+    );
+    a.set_pool("general", &pool_spec(&["10.2.0.0/24"]));
+    assert_eq!(one(&mut a, &svc("prod/web")), "10.1.0.0");
+    assert_eq!(one(&mut a, &svc("dev/web")), "10.2.0.0");
+    assert_eq!(
+        alloc(&mut a, &svc("dev/x").in_pool("prod-only")),
+        Err(AllocError::PoolDoesNotServe {
+            pool: "prod-only".into()
+        })
+    );
+    // Keeping an address of a pool that does not serve the Service fails.
+    assert!(a
+        .can_keep(&svc("dev/y").req(), &ips(&["10.1.0.5"]))
+        .is_err());
+    let mut labelled = svc("dev/z");
+    labelled.labels.insert("a".into(), "b".into());
+    assert_eq!(one(&mut a, &labelled), "10.2.0.1");
+}
+
+#[test]
+fn service_selectors_pin_by_label() {
+    let mut a = Allocator::new();
+    let mut selector = LabelSelectorSpec::default();
+    selector.match_labels.insert("tier".into(), "edge".into());
+    a.set_pool(
+        "edge",
+        &IPAddressPoolSpec {
+            service_allocation: Some(ServiceAllocationSpec {
+                service_selectors: vec![selector],
+                ..Default::default()
+            }),
+            ..pool_spec(&["10.1.0.0/24"])
+        },
+    );
+    a.set_pool("rest", &pool_spec(&["10.2.0.0/24"]));
+    let mut edge = svc("ns/edge");
+    edge.labels.insert("tier".into(), "edge".into());
+    assert_eq!(one(&mut a, &edge), "10.1.0.0");
+    assert_eq!(one(&mut a, &svc("ns/other")), "10.2.0.0");
+}
+
+#[test]
+fn requested_addresses_are_exact() {
+    let mut a = with_pools(&[
+        ("p", &["10.0.0.0/24", "fd00::/120"]),
+        ("q", &["10.1.0.0/24"]),
+    ]);
+    assert_eq!(one(&mut a, &svc("ns/a").asking(&["10.0.0.7"])), "10.0.0.7");
+    let taken = alloc(&mut a, &svc("ns/b").asking(&["10.0.0.7"])).unwrap_err();
+    assert_eq!(
+        taken.to_string(),
+        "10.0.0.7 cannot be used: it is in use by ns/a"
+    );
+    assert_eq!(
+        alloc(&mut a, &svc("ns/b").asking(&["10.5.0.1"])),
+        Err(AllocError::NotInAnyPool { ip: ip("10.5.0.1") })
+    );
+    assert!(matches!(
+        alloc(&mut a, &svc("ns/b").asking(&["10.0.0.8"]).in_pool("q")),
+        Err(AllocError::NotInRequestedPool { .. })
+    ));
+    assert!(matches!(
+        alloc(&mut a, &svc("ns/b").asking(&["fd00::1"])),
+        Err(AllocError::WrongFamily { .. })
+    ));
+    // Dual stack must ask for one of each, from one pool.
+    assert!(matches!(
+        alloc(
+            &mut a,
+            &svc("ns/d").prefer(Family::V4).asking(&["10.0.0.9"])
+        ),
+        Err(AllocError::WrongFamily { .. })
+    ));
+    assert_eq!(
+        one(&mut a, &svc("ns/d").dual().asking(&["fd00::9", "10.0.0.9"])),
+        "10.0.0.9,fd00::9"
+    );
+    assert!(matches!(
+        alloc(
+            &mut a,
+            &svc("ns/e").dual().asking(&["10.1.0.1", "fd00::10"])
+        ),
+        Err(AllocError::DifferentPools { .. })
+    ));
+    // A failed allocation leaves the Service holding nothing.
+    assert_eq!(a.holding("ns/e"), None);
+}
+
+#[test]
+fn requested_pool() {
+    let mut a = with_pools(&[("p", &["10.0.0.0/31"]), ("q", &["10.1.0.0/31"])]);
+    assert_eq!(one(&mut a, &svc("ns/a").in_pool("q")), "10.1.0.0");
+    assert_eq!(
+        alloc(&mut a, &svc("ns/b").in_pool("nope")),
+        Err(AllocError::UnknownPool {
+            pool: "nope".into()
+        })
+    );
+    assert_eq!(one(&mut a, &svc("ns/b").in_pool("q")), "10.1.0.1");
+    assert!(matches!(
+        alloc(&mut a, &svc("ns/c").in_pool("q")),
+        Err(AllocError::NoAvailable { .. })
+    ));
+    assert!(matches!(
+        alloc(&mut a, &svc("ns/c").in_pool("q").v6()),
+        Err(AllocError::NoFamilyInPool {
+            family: Family::V6,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn dual_stack_policies() {
+    let mut a = with_pools(&[
+        ("a-v4only", &["10.0.0.0/30"]),
+        ("b-dual", &["10.1.0.0/30", "fd00::/126"]),
+    ]);
+    // RequireDualStack skips the pool that has no IPv6.
+    assert_eq!(one(&mut a, &svc("ns/r").dual()), "10.1.0.0,fd00::");
+    // PreferDualStack takes the first pool that has both.
+    assert_eq!(
+        one(&mut a, &svc("ns/p").prefer(Family::V6)),
+        "10.1.0.1,fd00::1"
+    );
+    // Single stack takes the first pool with its family.
+    assert_eq!(one(&mut a, &svc("ns/s")), "10.0.0.0");
+    assert_eq!(one(&mut a, &svc("ns/s6").v6()), "fd00::2");
+    assert_eq!(one(&mut a, &svc("ns/s7").v6()), "fd00::3");
+    // No IPv6 left: RequireDualStack fails, PreferDualStack falls back to
+    // its primary family in the first pool that has it.
+    assert!(alloc(&mut a, &svc("ns/r2").dual()).is_err());
+    assert_eq!(one(&mut a, &svc("ns/p2").prefer(Family::V4)), "10.0.0.1");
+    // Primary IPv6 with no IPv6 left anywhere: the other family.
+    assert_eq!(one(&mut a, &svc("ns/p3").prefer(Family::V6)), "10.0.0.2");
+    // Once an IPv6 address is free, the partial holder of b-dual gets it.
+    a.release("ns/s7");
+    let p4 = svc("ns/p4").prefer(Family::V4).in_pool("b-dual");
+    assert_eq!(one(&mut a, &p4), "10.1.0.2,fd00::3");
+    let mut partial = with_pools(&[("d", &["10.1.0.0/31", "fd00::/127"])]);
+    one(&mut partial, &svc("ns/x").v6());
+    one(&mut partial, &svc("ns/y").v6());
+    let p = svc("ns/p").prefer(Family::V4);
+    assert_eq!(one(&mut partial, &p), "10.1.0.0");
+    assert_eq!(partial.complete_dual_stack(&p.req()), None);
+    partial.release("ns/y");
+    let done = partial.complete_dual_stack(&p.req()).unwrap();
+    assert_eq!(done.ips, ips(&["10.1.0.0", "fd00::1"]));
+    partial.check_invariants().unwrap();
+}
+
+#[test]
+fn sharing_stacks_on_the_lowest_address_where_ports_fit() {
+    let mut a = with_pools(&[("p", &["10.0.0.0/24"])]);
+    assert_eq!(one(&mut a, &svc("ns/a").share("k", &[80])), "10.0.0.0");
+    assert_eq!(one(&mut a, &svc("ns/b").share("k", &[443])), "10.0.0.0");
+    // Port 80 is taken on .0: next free address.
+    assert_eq!(one(&mut a, &svc("ns/c").share("k", &[80])), "10.0.0.1");
+    // Another key never stacks.
+    assert_eq!(one(&mut a, &svc("ns/d").share("other", &[22])), "10.0.0.2");
+    // No key: never shares.
+    assert_eq!(one(&mut a, &svc("ns/e")), "10.0.0.3");
+    // Port 53 fits on .0 again.
+    assert_eq!(one(&mut a, &svc("ns/f").share("k", &[53])), "10.0.0.0");
+    // A freed lower address beats a higher shared one.
+    a.release("ns/d");
+    assert_eq!(one(&mut a, &svc("ns/g").share("k", &[80, 443])), "10.0.0.2");
+    let stats = &a.pool_stats()[0];
+    assert_eq!(stats.ipv4.assigned, 4);
+    assert_eq!(a.holders(ip("10.0.0.0")), ["ns/a", "ns/b", "ns/f"]);
+    // Requested shared address: ports must not collide.
+    let err = alloc(
+        &mut a,
+        &svc("ns/h").share("k", &[443]).asking(&["10.0.0.0"]),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "10.0.0.0 cannot be used: port 443/TCP is already used on it by ns/b"
+    );
+    let err = alloc(&mut a, &svc("ns/h").share("zz", &[1]).asking(&["10.0.0.0"])).unwrap_err();
+    assert!(matches!(
+        err,
+        AllocError::Taken {
+            conflict: ShareConflict::OtherKey { .. },
+            ..
+        }
+    ));
+}
+
+#[test]
+fn sharing_needs_the_same_backend() {
+    let mut a = with_pools(&[("p", &["10.0.0.0/24"])]);
+    let mut local = svc("ns/a").share("k", &[80]);
+    local.backend = "app=a".into();
+    assert_eq!(one(&mut a, &local), "10.0.0.0");
+    let mut other_local = svc("ns/b").share("k", &[81]);
+    other_local.backend = "app=b".into();
+    assert_eq!(one(&mut a, &other_local), "10.0.0.1");
+    let mut same = svc("ns/c").share("k", &[82]);
+    same.backend = "app=a".into();
+    assert_eq!(one(&mut a, &same), "10.0.0.0");
+    assert_eq!(one(&mut a, &svc("ns/d").share("k", &[83])), "10.0.0.2");
+}
+
+#[test]
+fn keeping_held_addresses() {
+    let mut a = with_pools(&[("p", &["10.0.0.0/24"]), ("q", &["10.1.0.0/24"])]);
+    let s = svc("ns/a");
+    // A status address is kept wherever it is in a serving pool.
+    a.keep(&s.req(), &ips(&["10.0.0.77"])).unwrap();
+    assert_eq!(
+        a.holding("ns/a").unwrap(),
+        Holding {
+            pool: "p".into(),
+            ips: ips(&["10.0.0.77"])
+        }
+    );
+    // Keeping is idempotent.
+    a.keep(&s.req(), &ips(&["10.0.0.77"])).unwrap();
+    a.check_invariants().unwrap();
+    // Another Service cannot keep the same address.
+    assert!(a.keep(&svc("ns/b").req(), &ips(&["10.0.0.77"])).is_err());
+    // A requested pool or address other than the held one is not kept.
+    assert!(a
+        .can_keep(&s.clone().in_pool("q").req(), &ips(&["10.0.0.77"]))
+        .is_err());
+    assert!(a
+        .can_keep(
+            &s.clone().asking(&["10.0.0.78"]).req(),
+            &ips(&["10.0.0.77"])
+        )
+        .is_err());
+    assert!(a
+        .can_keep(
+            &s.clone().asking(&["10.0.0.77"]).req(),
+            &ips(&["10.0.0.77"])
+        )
+        .is_ok());
+    // Wrong family, or two addresses for a single-stack Service.
+    assert!(a
+        .can_keep(&s.req(), &ips(&["10.0.0.77", "10.0.0.78"]))
+        .is_err());
+    assert!(a
+        .can_keep(&s.clone().v6().req(), &ips(&["10.0.0.77"]))
+        .is_err());
+    // autoAssign does not matter for keeping.
+    let mut manual = pool_spec(&["10.2.0.0/24"]);
+    manual.auto_assign = Some(false);
+    a.set_pool("manual", &manual);
+    a.keep(&svc("ns/m").req(), &ips(&["10.2.0.1"])).unwrap();
+    // PreferDualStack may keep one address.
+    a.keep(&svc("ns/pd").prefer(Family::V4).req(), &ips(&["10.1.0.1"]))
+        .unwrap();
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn overlapping_pools_the_older_stays_and_deleting_it_brings_the_newer_in() {
+    let mut a = with_pools(&[("old", &["10.0.0.0/24"])]);
+    a.set_pool("new", &pool_spec(&["10.0.0.128-10.0.1.10"]));
+    assert_eq!(
+        a.rejected_pools(),
+        [RejectedPool {
+            name: "new".into(),
+            reason:
+                "addresses \"10.0.0.128-10.0.1.10\" overlap \"10.0.0.0-10.0.0.255\" of pool \"old\""
+                    .into()
+        }]
+    );
+    assert_eq!(a.pool_stats().len(), 1);
+    assert_eq!(
+        alloc(&mut a, &svc("ns/x").in_pool("new")),
+        Err(AllocError::UnknownPool { pool: "new".into() })
+    );
+    a.keep(&svc("ns/a").req(), &ips(&["10.0.0.200"])).unwrap();
+    a.keep(&svc("ns/b").req(), &ips(&["10.0.0.5"])).unwrap();
+    let change = a.remove_pool("old");
+    assert!(a.rejected_pools().is_empty());
+    // ns/a's address now lies in "new": re-homed, not released.
+    assert_eq!(a.holding("ns/a").unwrap().pool, "new");
+    assert_eq!(change.released.len(), 1);
+    assert_eq!(change.released[0].key, "ns/b");
+    assert_eq!(change.released[0].reason, "10.0.0.5 is not in any pool");
+    assert_eq!(a.pool_stats()[0].ipv4.assigned, 1);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn an_invalid_pool_is_rejected_on_its_own() {
+    let mut a = with_pools(&[("good", &["10.0.0.0/24"]), ("bad", &["10.0.0.9-10.0.0.1"])]);
+    assert_eq!(
+        a.rejected_pools()[0].reason,
+        "range 10.0.0.9-10.0.0.1: first address is after the last"
+    );
+    assert_eq!(one(&mut a, &svc("ns/a")), "10.0.0.0");
+    // Fixing it brings it in; breaking the good one releases its holders.
+    a.set_pool("bad", &pool_spec(&["10.0.1.0/24"]));
+    assert!(a.rejected_pools().is_empty());
+    let change = a.set_pool("good", &pool_spec(&["10.0.0.0/33"]));
+    assert_eq!(change.released[0].key, "ns/a");
+    assert_eq!(one(&mut a, &svc("ns/a")), "10.0.1.0");
+    // A changed pool keeps its creation position: "good" (older) now
+    // overlaps "bad" and is rejected, not the other way round.
+    a.set_pool("good", &pool_spec(&["10.0.1.0/25"]));
+    assert_eq!(a.rejected_pools().len(), 1);
+    assert_eq!(a.rejected_pools()[0].name, "bad");
+    assert_eq!(a.holding("ns/a").unwrap().pool, "good");
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn pool_shrink_and_avoid_buggy_change_release_holders() {
+    let mut a = with_pools(&[("p", &["10.0.0.0/24"])]);
+    a.keep(&svc("ns/zero").req(), &ips(&["10.0.0.0"])).unwrap();
+    a.keep(&svc("ns/mid").req(), &ips(&["10.0.0.100"])).unwrap();
+    let mut spec = pool_spec(&["10.0.0.0/24"]);
+    spec.avoid_buggy_ips = Some(true);
+    let change = a.set_pool("p", &spec);
+    assert_eq!(change.released.len(), 1);
+    assert_eq!(
+        change.released[0].reason,
+        "10.0.0.0 is avoided by pool \"p\" (avoidBuggyIPs)"
+    );
+    assert_eq!(a.holding("ns/mid").unwrap().ips, ips(&["10.0.0.100"]));
+    assert_eq!(
+        a.pool_stats()[0].ipv4,
+        FamilyStats {
+            total: 254,
+            assigned: 1
+        }
+    );
+}
+
+#[test]
+fn huge_pools_cost_nothing() {
+    let mut a = with_pools(&[("all", &["::/0"]), ("big", &["0.0.0.0/0"])]);
+    assert_eq!(a.pool_stats()[0].ipv6.total, u128::MAX);
+    assert_eq!(a.pool_stats()[1].ipv4.total, 1 << 32);
+    assert_eq!(one(&mut a, &svc("ns/a").v6()), "::");
+    assert_eq!(
+        one(
+            &mut a,
+            &svc("ns/top")
+                .v6()
+                .asking(&["ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"])
+        ),
+        "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
+    );
+    assert_eq!(one(&mut a, &svc("ns/b")), "0.0.0.0");
+    a.set_pool(
+        "range",
+        &pool_spec(&["fd00::-fd00::ffff:ffff:ffff:ffff:ffff"]),
+    );
+    assert_eq!(a.rejected_pools().len(), 1);
+}
+
+// ----- property tests -----
+
+#[derive(Clone, Debug)]
+enum Op {
+    Allocate {
+        service: u8,
+        share: Option<u8>,
+        port: u8,
+        family: u8,
+        pool: Option<u8>,
+        ask: Option<u8>,
+    },
+    Keep {
+        service: u8,
+        address: u8,
+    },
+    Release {
+        service: u8,
+    },
+    SetPool {
+        pool: u8,
+        shape: u8,
+    },
+    RemovePool {
+        pool: u8,
+    },
+}
+
+const POOL_SHAPES: &[&[&str]] = &[
+    &["10.0.0.0/30"],
+    &["10.0.0.2-10.0.0.5", "fd00::/126"],
+    &["10.0.0.254-10.0.1.1"],
+    &["fd00::2-fd00::4"],
+    &["10.0.0.4/31", "10.0.0.0/32"],
+    &["10.0.0.9-10.0.0.1"],
+    &["fd00::/64"],
+];
+
+fn address(n: u8) -> IpAddr {
+    if n % 2 == 0 {
+        IpAddr::from([10, 0, 0, n / 2 % 8])
+    } else {
+        ip(&format!("fd00::{}", n / 2 % 8))
+    }
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..8, proptest::option::of(0u8..2), 0u8..3, 0u8..4, proptest::option::of(0u8..3), proptest::option::of(0u8..16))
+            .prop_map(|(service, share, port, family, pool, ask)| Op::Allocate { service, share, port, family, pool, ask }),
+        2 => (0u8..8, 0u8..16).prop_map(|(service, address)| Op::Keep { service, address }),
+        2 => (0u8..8).prop_map(|service| Op::Release { service }),
+        1 => (0u8..3, 0u8..POOL_SHAPES.len() as u8).prop_map(|(pool, shape)| Op::SetPool { pool, shape }),
+        1 => (0u8..3).prop_map(|pool| Op::RemovePool { pool }),
+    ]
+}
+
+fn service_for(service: u8, share: Option<u8>, port: u8, family: u8) -> Svc {
+    let base = svc(&format!("ns/s{service}"));
+    let base = match family {
+        0 => base,
+        1 => base.v6(),
+        2 => base.dual(),
+        _ => base.prefer(Family::V6),
+    };
+    match share {
+        Some(k) => base.share(&format!("key{k}"), &[i32::from(port)]),
+        None => base,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// After any sequence of operations: no address held twice unless shared
+    /// under the rules, every held address in a pool that allows it,
+    /// counters equal to a recount; and the same calls give the same answers.
+    #[test]
+    fn invariants_hold_after_any_sequence(ops in prop::collection::vec(op(), 1..60)) {
+        let run = |ops: &[Op]| {
+            let mut a = Allocator::new();
+            let mut answers = Vec::new();
+            for op in ops {
+                let answer = match op.clone() {
+                    Op::Allocate { service, share, port, family, pool, ask } => {
+                        let mut s = service_for(service, share, port, family);
+                        s.pool = pool.map(|p| format!("pool{p}"));
+                        if let Some(n) = ask {
+                            s.addresses = vec![address(n)];
+                        }
+                        format!("{:?}", a.allocate(&s.req()))
+                    }
+                    Op::Keep { service, address: n } => {
+                        let s = svc(&format!("ns/s{service}"));
+                        let s = if n % 2 == 0 { s } else { s.v6() };
+                        format!("{:?}", a.keep(&s.req(), &[address(n)]))
+                    }
+                    Op::Release { service } => format!("{:?}", a.release(&format!("ns/s{service}"))),
+                    Op::SetPool { pool, shape } => {
+                        let addresses = POOL_SHAPES.get(usize::from(shape)).copied().unwrap_or(&[]);
+                        format!("{:?}", a.set_pool(&format!("pool{pool}"), &pool_spec(addresses)))
+                    }
+                    Op::RemovePool { pool } => format!("{:?}", a.remove_pool(&format!("pool{pool}"))),
+                };
+                if let Err(problems) = a.check_invariants() {
+                    return Err(format!("after {op:?}: {problems:?}"));
+                }
+                answers.push(answer);
+            }
+            // Every address held lies in a pool that allows it.
+            for (key, holding) in a.holdings() {
+                let pool = a.pool(&holding.pool).ok_or(format!("{key}: pool gone"))?;
+                for held in &holding.ips {
+                    if !pool.allows(*held) {
+                        return Err(format!("{key} holds {held} outside {}", holding.pool));
+                    }
+                }
+            }
+            Ok((answers, a.holdings(), a.pool_stats()))
+        };
+        let first = run(&ops);
+        prop_assert!(first.is_ok(), "{:?}", first.as_ref().err());
+        prop_assert_eq!(first, run(&ops));
+    }
+
+    /// The allocator picks exactly the lowest free address that a naive scan
+    /// of the pool would pick.
+    #[test]
+    fn lowest_free_matches_a_scan(held in prop::collection::btree_set(0u32..64, 0..40), avoid in any::<bool>()) {
+        let mut a = Allocator::new();
+        let mut spec = pool_spec(&["10.0.0.250-10.0.1.20", "10.0.2.0/29"]);
+        spec.avoid_buggy_ips = Some(avoid);
+        a.set_pool("p", &spec);
+        let all: Vec<u32> = (0xa00_00fa..=0xa00_0114).chain(0xa00_0200..=0xa00_0207).collect();
+        let usable: Vec<u32> = all.iter().copied().filter(|v| !avoid || !matches!(v & 0xff, 0 | 0xff)).collect();
+        let mut taken = std::collections::BTreeSet::new();
+        for (i, n) in held.iter().enumerate() {
+            if let Some(v) = usable.get(*n as usize) {
+                a.keep(&svc(&format!("ns/h{i}")).req(), &[IpAddr::from(std::net::Ipv4Addr::from(*v))]).unwrap();
+                taken.insert(*v);
+            }
+        }
+        let expected = usable.iter().find(|v| !taken.contains(v)).map(|v| IpAddr::from(std::net::Ipv4Addr::from(*v)));
+        let got = a.allocate(&svc("ns/new").req()).ok().and_then(|h| h.ips.first().copied());
+        prop_assert_eq!(got, expected);
+    }
+}
