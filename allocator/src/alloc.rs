@@ -381,6 +381,14 @@ impl Allocator {
         holders
     }
 
+    /// The sharing key and ports `key` holds its addresses with, to tell
+    /// whether they changed.
+    pub fn sharing_of(&self, key: &str) -> Option<(&str, &[Port])> {
+        self.services
+            .get(key)
+            .map(|held| (&*held.sharing, &*held.ports))
+    }
+
     /// Number of Services holding addresses.
     pub fn len(&self) -> usize {
         self.services.len()

@@ -12,5 +12,9 @@ mod manager;
 mod store;
 
 pub use client::{Client, ClientError, Event, EventType, ServiceWrite, POOL_ANNOTATION};
-pub use controller::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState};
+pub use controller::{
+    reason, AllocatingController, Controller, ControllerConfig, ControllerStats, Holding,
+    Reconsider, RestoreOutcome, SyncOutcome, SyncState,
+};
+pub use manager::{Manager, ManagerConfig};
 pub use store::{DashMapStore, Store};

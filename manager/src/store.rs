@@ -39,11 +39,16 @@ pub struct DashMapStore {
 
 impl Store for DashMapStore {
     fn service(&self, key: &str) -> Option<Arc<Service>> {
-        self.services.get(key).map(|entry| Arc::clone(entry.value()))
+        self.services
+            .get(key)
+            .map(|entry| Arc::clone(entry.value()))
     }
 
     fn service_keys(&self) -> Vec<String> {
-        self.services.iter().map(|entry| entry.key().clone()).collect()
+        self.services
+            .iter()
+            .map(|entry| entry.key().clone())
+            .collect()
     }
 
     fn pool(&self, name: &str) -> Option<Arc<IPAddressPool>> {
@@ -55,6 +60,8 @@ impl Store for DashMapStore {
     }
 
     fn namespace(&self, name: &str) -> Option<Arc<Namespace>> {
-        self.namespaces.get(name).map(|entry| Arc::clone(entry.value()))
+        self.namespaces
+            .get(name)
+            .map(|entry| Arc::clone(entry.value()))
     }
 }

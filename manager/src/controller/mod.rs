@@ -1,9 +1,14 @@
 //! The controller: decides a Service's addresses (DESIGN.md §4) on the
 //! allocator and writes the result through a [`crate::Client`].
 
+use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use subscriber::IPAddressPool;
-use async_trait::async_trait;
+
+mod allocating;
+mod service;
+
+pub use allocating::{reason, AllocatingController, ControllerConfig, ControllerStats, Holding};
 
 /// What became of one reconciliation, and what the manager must do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,7 +28,11 @@ impl SyncOutcome {
     }
 
     pub fn new(state: SyncState) -> Self {
-        Self { state, wake_waiting: false, reconsider: Reconsider::None }
+        Self {
+            state,
+            wake_waiting: false,
+            reconsider: Reconsider::None,
+        }
     }
 }
 

@@ -1,0 +1,637 @@
+//! [`AllocatingController`]: DESIGN.md §4 on the `allocator` crate.
+//!
+//! Each reconciliation is decided from scratch under a short lock (no I/O):
+//! the Service's status is the truth about what it holds (so a restarted
+//! controller rebuilds from statuses alone), the allocator the truth about
+//! who holds what. Writes and events happen after the lock is released.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use allocator::{Allocator, FamilyPolicy, Holding as AllocatorHolding, Request, Subject};
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use subscriber::IPAddressPool;
+use tracing::{debug, info, warn};
+
+use super::service::{is_ours, pool_annotation, status_ip_strings, status_ips, ServiceView};
+use super::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState};
+use crate::client::{Client, Event, EventType, ServiceWrite};
+use crate::store::Store;
+
+/// Event reasons (DESIGN.md §4.7).
+pub mod reason {
+    pub const IP_ALLOCATED: &str = "IPAllocated";
+    pub const ALLOCATION_FAILED: &str = "AllocationFailed";
+    pub const LOAD_BALANCER_FAILED: &str = "LoadBalancerFailed";
+    pub const CLEAR_ASSIGNMENT: &str = "ClearAssignment";
+    pub const DEPRECATED_ANNOTATION: &str = "DeprecatedAnnotation";
+}
+
+/// How the controller is set up.
+#[derive(Clone, Debug, Default)]
+pub struct ControllerConfig {
+    /// Handle only Services of this `spec.loadBalancerClass`; `None`: only
+    /// Services without a class.
+    pub lb_class: Option<String>,
+}
+
+impl ControllerConfig {
+    /// Handle only Services of `class`.
+    #[must_use]
+    pub fn lb_class(mut self, class: impl Into<String>) -> Self {
+        self.lb_class = Some(class.into());
+        self
+    }
+}
+
+/// What a Service holds, as the host may show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holding {
+    pub key: String,
+    /// IPv4 first.
+    pub ips: Vec<IpAddr>,
+    pub pool: String,
+}
+
+/// Counters for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ControllerStats {
+    pub reconciliations: u64,
+    /// Failed writes (retried).
+    pub write_errors: u64,
+    /// Events the client could not emit (not retried).
+    pub event_errors: u64,
+    /// Times a pool change left a pool rejected.
+    pub pool_rejections: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    allocator: Allocator,
+    /// The last Warning emitted per Service: the same failure again is not
+    /// announced again.
+    last_warning: HashMap<String, (String, String)>,
+    namespace_labels: HashMap<String, BTreeMap<String, String>>,
+}
+
+/// The controller that applies DESIGN.md §4 on an [`Allocator`].
+pub struct AllocatingController {
+    store: Arc<dyn Store>,
+    client: Arc<dyn Client>,
+    config: ControllerConfig,
+    state: Mutex<State>,
+    reconciliations: AtomicU64,
+    write_errors: AtomicU64,
+    event_errors: AtomicU64,
+    pool_rejections: AtomicU64,
+}
+
+impl std::fmt::Debug for AllocatingController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AllocatingController")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The decision of one reconciliation, carried out after the lock is gone.
+#[derive(Debug)]
+struct Plan {
+    write: Option<ServiceWrite>,
+    events: Vec<Event>,
+    outcome: SyncOutcome,
+    /// A Warning recorded for dedup, to forget if the write fails.
+    warned: bool,
+}
+
+impl Plan {
+    fn done(outcome: SyncOutcome) -> Self {
+        Plan {
+            write: None,
+            events: Vec::new(),
+            outcome,
+            warned: false,
+        }
+    }
+}
+
+fn event(event_type: EventType, reason: &str, message: String) -> Event {
+    Event {
+        event_type,
+        reason: reason.to_owned(),
+        message,
+    }
+}
+
+/// `["10.0.0.1" "fd00::1"]`, as MetalLB's `%q` of a list of IPs.
+fn quoted(ips: &[IpAddr]) -> String {
+    let inner: Vec<String> = ips.iter().map(|ip| format!("\"{ip}\"")).collect();
+    format!("[{}]", inner.join(" "))
+}
+
+fn quoted_strings(ips: &[String]) -> String {
+    let inner: Vec<String> = ips.iter().map(|ip| format!("\"{ip}\"")).collect();
+    format!("[{}]", inner.join(" "))
+}
+
+impl AllocatingController {
+    pub fn new(store: Arc<dyn Store>, client: Arc<dyn Client>, config: ControllerConfig) -> Self {
+        Self {
+            store,
+            client,
+            config,
+            state: Mutex::new(State::default()),
+            reconciliations: AtomicU64::new(0),
+            write_errors: AtomicU64::new(0),
+            event_errors: AtomicU64::new(0),
+            pool_rejections: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock only means a panic elsewhere; the state itself is
+        // consistent after every method, so keep going.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Every accepted pool's counters, sorted by name.
+    pub fn pool_stats(&self) -> Vec<allocator::PoolStats> {
+        self.lock().allocator.pool_stats()
+    }
+
+    /// Every rejected pool with its reason, sorted by name.
+    pub fn rejected_pools(&self) -> Vec<allocator::RejectedPool> {
+        self.lock().allocator.rejected_pools()
+    }
+
+    /// Every Service's holding, sorted by key.
+    pub fn holdings(&self) -> Vec<Holding> {
+        self.lock()
+            .allocator
+            .holdings()
+            .into_iter()
+            .map(|(key, h)| Holding {
+                key,
+                ips: h.ips,
+                pool: h.pool,
+            })
+            .collect()
+    }
+
+    /// Counters for metrics.
+    pub fn stats(&self) -> ControllerStats {
+        ControllerStats {
+            reconciliations: self.reconciliations.load(Ordering::Relaxed),
+            write_errors: self.write_errors.load(Ordering::Relaxed),
+            event_errors: self.event_errors.load(Ordering::Relaxed),
+            pool_rejections: self.pool_rejections.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Checks DESIGN.md §6 against the store: the allocator's own invariants,
+    /// every held address in a pool that serves its Service, and (meant for
+    /// when the manager is idle) every Service's status equal to what the
+    /// allocator holds for it.
+    pub fn check_invariants(&self) -> Result<(), Vec<String>> {
+        let state = self.lock();
+        let mut problems = state.allocator.check_invariants().err().unwrap_or_default();
+        let lb_class = self.config.lb_class.as_deref();
+        let mut keys = self.store.service_keys();
+        keys.sort();
+        for key in &keys {
+            let Some(service) = self.store.service(key) else {
+                continue;
+            };
+            let holding = state.allocator.holding(key);
+            let status = status_ip_strings(&service);
+            let held: Vec<String> = holding
+                .iter()
+                .flat_map(|h| h.ips.iter().map(ToString::to_string))
+                .collect();
+            if is_ours(&service, lb_class) && status != held {
+                problems.push(format!(
+                    "{key}: status {status:?} but the allocator holds {held:?}"
+                ));
+            }
+            if let Some(holding) = holding {
+                if !is_ours(&service, lb_class) {
+                    problems.push(format!("{key} is not ours but holds {:?}", holding.ips));
+                }
+                let view = ServiceView::new(&service);
+                let namespace_labels = self.namespace_labels(&view.namespace);
+                let serves = state.allocator.pool(&holding.pool).is_some_and(|pool| {
+                    pool.serves(&Subject {
+                        namespace: &view.namespace,
+                        labels: &view.labels,
+                        namespace_labels: &namespace_labels,
+                    })
+                });
+                if !serves {
+                    problems.push(format!(
+                        "{key} holds addresses of pool {} which does not serve it",
+                        holding.pool
+                    ));
+                }
+            }
+        }
+        for (key, _) in state.allocator.holdings() {
+            if self.store.service(&key).is_none() {
+                problems.push(format!("{key} is deleted but still holds addresses"));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+
+    fn namespace_labels(&self, namespace: &str) -> BTreeMap<String, String> {
+        self.store
+            .namespace(namespace)
+            .and_then(|ns| ns.metadata.labels.clone())
+            .unwrap_or_default()
+    }
+
+    /// Decides one Service (DESIGN.md §4.1–4.7).
+    fn plan(&self, state: &mut State, key: &str, service: Option<&Service>) -> Plan {
+        let Some(service) = service else {
+            state.allocator.release(key);
+            state.last_warning.remove(key);
+            // Every delete wakes the waiting Services (§4.6).
+            let mut outcome = SyncOutcome::success();
+            outcome.wake_waiting = true;
+            return Plan::done(outcome);
+        };
+        if !is_ours(service, self.config.lb_class.as_deref()) {
+            return self.plan_not_ours(state, key, service);
+        }
+        let view = ServiceView::new(service);
+        let namespace_labels = self.namespace_labels(&view.namespace);
+        let before = state.allocator.holding(key);
+        let sharing_before = state
+            .allocator
+            .sharing_of(key)
+            .map(|(sharing, ports)| (sharing.to_owned(), ports.to_vec()));
+        let mut events = Vec::new();
+        let mut sync_state = SyncState::Success;
+        let mut warning: Option<Event> = None;
+
+        let no_addresses: &[IpAddr] = &[];
+        let (requested, invalid) = match &view.requested {
+            Ok(ips) => (ips.as_slice(), None),
+            Err(reason) => (no_addresses, Some(reason.clone())),
+        };
+        let status = status_ips(service);
+        let status_list = status.clone().unwrap_or_default();
+        let status_strings = status_ip_strings(service);
+
+        match view.families {
+            None => {
+                if !status_strings.is_empty() || before.is_some() {
+                    state.allocator.release(key);
+                    if !status_strings.is_empty() {
+                        events.push(clear_event(
+                            &status_strings,
+                            "the service has no cluster IP",
+                        ));
+                    }
+                }
+                if let Some(reason) = invalid {
+                    sync_state = SyncState::Invalid;
+                    warning = Some(invalid_event(&reason));
+                } else {
+                    sync_state = SyncState::Waiting;
+                    warning = Some(failed_event(key, "the service has no cluster IP"));
+                }
+            }
+            Some(families) => {
+                let request = Request {
+                    key,
+                    subject: Subject {
+                        namespace: &view.namespace,
+                        labels: &view.labels,
+                        namespace_labels: &namespace_labels,
+                    },
+                    families,
+                    sharing_key: &view.sharing_key,
+                    backend_key: &view.backend_key,
+                    ports: &view.ports,
+                    pool: view.pool.as_deref(),
+                    addresses: requested,
+                };
+                // §4.4 step 1: keep what the status holds if still allowed.
+                let mut kept = false;
+                if !status_strings.is_empty() {
+                    let result = match &status {
+                        Ok(ips) => state
+                            .allocator
+                            .keep(&request, ips)
+                            .map_err(|e| e.to_string()),
+                        Err(reason) => Err(reason.clone()),
+                    };
+                    match result {
+                        Ok(_) => kept = true,
+                        Err(reason) => {
+                            debug!(key, %reason, "held address no longer allowed");
+                            state.allocator.release(key);
+                            events.push(clear_event(&status_strings, &reason));
+                        }
+                    }
+                } else if before.is_some() {
+                    // The status lost its addresses (a failed write, or a
+                    // user): start from a clean slate, as MetalLB does.
+                    state.allocator.release(key);
+                }
+                if let Some(reason) = invalid {
+                    // An invalid request: a Service keeps what it holds and
+                    // gets nothing new.
+                    sync_state = SyncState::Invalid;
+                    warning = Some(invalid_event(&reason));
+                } else if kept {
+                    if matches!(families, FamilyPolicy::PreferDual { .. }) && status_list.len() == 1
+                    {
+                        match state.allocator.complete_dual_stack(&request) {
+                            Some(holding) => events.push(allocated_event(&holding)),
+                            None => sync_state = SyncState::Waiting,
+                        }
+                    }
+                } else {
+                    match state.allocator.allocate(&request) {
+                        Ok(holding) => events.push(allocated_event(&holding)),
+                        Err(error) => {
+                            sync_state = SyncState::Waiting;
+                            warning = Some(failed_event(key, &error.to_string()));
+                        }
+                    }
+                }
+            }
+        }
+
+        // Announce a failure once, not on every reconciliation.
+        let mut warned = false;
+        match warning {
+            Some(event) => {
+                let signature = (event.reason.clone(), event.message.clone());
+                if state.last_warning.get(key) != Some(&signature) {
+                    state.last_warning.insert(key.to_owned(), signature);
+                    events.push(event);
+                    warned = true;
+                }
+            }
+            None => {
+                state.last_warning.remove(key);
+            }
+        }
+
+        let after = state.allocator.holding(key);
+        let desired = ServiceWrite {
+            ingress: after.as_ref().map(|h| h.ips.clone()).unwrap_or_default(),
+            pool: after.as_ref().map(|h| h.pool.clone()),
+        };
+        let desired_strings: Vec<String> =
+            desired.ingress.iter().map(ToString::to_string).collect();
+        let write = (desired_strings != status_strings
+            || pool_annotation(service) != desired.pool.as_deref())
+        .then_some(desired);
+        if write.is_some() {
+            for old_key in &view.deprecated {
+                events.push(event(
+                    EventType::Warning,
+                    reason::DEPRECATED_ANNOTATION,
+                    format!(
+                        "annotation {old_key:?} is deprecated, use {:?}",
+                        old_key.replace("metallb.universe.tf/", "metallb.io/")
+                    ),
+                ));
+            }
+        }
+
+        let mut outcome = SyncOutcome::new(sync_state);
+        // Addresses given up free room for the waiting (§4.6).
+        let released_any = before.as_ref().is_some_and(|b| {
+            b.ips
+                .iter()
+                .any(|ip| !after.as_ref().is_some_and(|a| a.ips.contains(ip)))
+        });
+        outcome.wake_waiting = released_any;
+        // A change of sharing key or ports: the others on its addresses are
+        // reconsidered (§4.6).
+        let sharing_after = state
+            .allocator
+            .sharing_of(key)
+            .map(|(s, p)| (s.to_owned(), p.to_vec()));
+        if let (Some(before), Some(sharing_before)) = (&before, &sharing_before) {
+            if sharing_after.as_ref() != Some(sharing_before) {
+                let others = others_on(&state.allocator, key, before);
+                if !others.is_empty() {
+                    outcome.reconsider = Reconsider::Keys(others);
+                }
+            }
+        }
+        Plan {
+            write,
+            events,
+            outcome,
+            warned,
+        }
+    }
+
+    /// A Service that is not (or no longer) ours releases what it held, with
+    /// no event; what we wrote on it is cleared (§4.1).
+    fn plan_not_ours(&self, state: &mut State, key: &str, service: &Service) -> Plan {
+        let released = state.allocator.release(key);
+        state.last_warning.remove(key);
+        let ours_written = pool_annotation(service).is_some();
+        let write = (released.is_some() || ours_written)
+            .then(ServiceWrite::default)
+            .filter(|_| ours_written || !status_ip_strings(service).is_empty());
+        let mut outcome = SyncOutcome::success();
+        outcome.wake_waiting = released.is_some();
+        Plan {
+            write,
+            events: Vec::new(),
+            outcome,
+            warned: false,
+        }
+    }
+
+    async fn carry_out(&self, key: &str, plan: Plan) -> SyncOutcome {
+        if let Some(write) = &plan.write {
+            if let Err(error) = self.client.write_service(key, write).await {
+                self.write_errors.fetch_add(1, Ordering::Relaxed);
+                warn!(key, %error, "status write failed; will retry");
+                if plan.warned {
+                    // Not announced after all: announce it on the retry.
+                    self.lock().last_warning.remove(key);
+                }
+                let mut outcome = plan.outcome;
+                outcome.state = SyncState::Retry(error.to_string());
+                return outcome;
+            }
+        }
+        for event in &plan.events {
+            if event.event_type == EventType::Warning {
+                info!(key, reason = %event.reason, message = %event.message, "warning");
+            }
+            if let Err(error) = self.client.emit_event(key, event).await {
+                self.event_errors.fetch_add(1, Ordering::Relaxed);
+                warn!(key, %error, reason = %event.reason, "could not emit event");
+            }
+        }
+        plan.outcome
+    }
+}
+
+fn others_on(allocator: &Allocator, key: &str, holding: &AllocatorHolding) -> Vec<String> {
+    let mut others: Vec<String> = holding
+        .ips
+        .iter()
+        .flat_map(|ip| allocator.holders(*ip))
+        .filter(|holder| holder != key)
+        .collect();
+    others.sort();
+    others.dedup();
+    others
+}
+
+fn allocated_event(holding: &AllocatorHolding) -> Event {
+    event(
+        EventType::Normal,
+        reason::IP_ALLOCATED,
+        format!("Assigned IP {}", quoted(&holding.ips)),
+    )
+}
+
+fn failed_event(key: &str, reason: &str) -> Event {
+    event(
+        EventType::Warning,
+        reason::ALLOCATION_FAILED,
+        format!("Failed to allocate IP for {key:?}: {reason}"),
+    )
+}
+
+fn invalid_event(reason: &str) -> Event {
+    event(
+        EventType::Warning,
+        reason::LOAD_BALANCER_FAILED,
+        format!("invalid request: {reason}"),
+    )
+}
+
+fn clear_event(status: &[String], reason: &str) -> Event {
+    event(
+        EventType::Normal,
+        reason::CLEAR_ASSIGNMENT,
+        format!(
+            "current IP {} not allowed by config, clearing: {reason}",
+            quoted_strings(status)
+        ),
+    )
+}
+
+#[async_trait]
+impl Controller for AllocatingController {
+    async fn set_balancer(&self, key: &str, service: Option<&Service>) -> SyncOutcome {
+        self.reconciliations.fetch_add(1, Ordering::Relaxed);
+        let plan = {
+            let mut state = self.lock();
+            self.plan(&mut state, key, service)
+        };
+        debug!(key, ?plan, "reconciled");
+        self.carry_out(key, plan).await
+    }
+
+    async fn set_pool(&self, name: &str, pool: Option<&IPAddressPool>) -> SyncOutcome {
+        let (change, rejected) = {
+            let mut state = self.lock();
+            let change = match pool {
+                Some(pool) => state.allocator.set_pool(name, &pool.spec),
+                None => state.allocator.remove_pool(name),
+            };
+            (change, state.allocator.rejected_pools())
+        };
+        for rejected in &rejected {
+            if rejected.name == name {
+                self.pool_rejections.fetch_add(1, Ordering::Relaxed);
+                warn!(pool = %rejected.name, reason = %rejected.reason, "pool rejected");
+            }
+        }
+        for released in &change.released {
+            info!(key = %released.key, reason = %released.reason, "pool change releases addresses");
+        }
+        let mut outcome = SyncOutcome::success();
+        outcome.reconsider = Reconsider::All;
+        outcome
+    }
+
+    async fn set_namespace(&self, name: &str, namespace: Option<&Namespace>) -> SyncOutcome {
+        let labels = namespace
+            .and_then(|ns| ns.metadata.labels.clone())
+            .unwrap_or_default();
+        let changed = {
+            let mut state = self.lock();
+            let previous = if labels.is_empty() {
+                state.namespace_labels.remove(name)
+            } else {
+                state
+                    .namespace_labels
+                    .insert(name.to_owned(), labels.clone())
+            };
+            previous.unwrap_or_default() != labels
+        };
+        let mut outcome = SyncOutcome::success();
+        if changed {
+            outcome.reconsider = Reconsider::All;
+        }
+        outcome
+    }
+
+    fn restore(&self, key: &str, service: &Service) -> RestoreOutcome {
+        if !is_ours(service, self.config.lb_class.as_deref()) {
+            return RestoreOutcome::Nothing;
+        }
+        let status_strings = status_ip_strings(service);
+        if status_strings.is_empty() {
+            return RestoreOutcome::Nothing;
+        }
+        let (Ok(ips), Some(families)) = (status_ips(service), ServiceView::new(service).families)
+        else {
+            return RestoreOutcome::MustRelease;
+        };
+        let view = ServiceView::new(service);
+        let namespace_labels = self.namespace_labels(&view.namespace);
+        let no_addresses: Vec<IpAddr> = Vec::new();
+        let request = Request {
+            key,
+            subject: Subject {
+                namespace: &view.namespace,
+                labels: &view.labels,
+                namespace_labels: &namespace_labels,
+            },
+            families,
+            sharing_key: &view.sharing_key,
+            backend_key: &view.backend_key,
+            ports: &view.ports,
+            pool: view.pool.as_deref(),
+            addresses: view.requested.as_ref().unwrap_or(&no_addresses),
+        };
+        let mut state = self.lock();
+        match state.allocator.keep(&request, &ips) {
+            Ok(_) => RestoreOutcome::Kept,
+            Err(reason) => {
+                debug!(key, %reason, "restored address not allowed");
+                RestoreOutcome::MustRelease
+            }
+        }
+    }
+
+    fn mark_synced(&self) {
+        info!(pools = self.lock().allocator.pool_stats().len(), "synced");
+    }
+}

@@ -1,0 +1,348 @@
+//! Reading a Service the way DESIGN.md §4.1–4.3 does: is it ours, what does
+//! it ask for (annotations under both prefixes), which families, ports and
+//! keys it has, and what its status holds.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use allocator::{Family, FamilyPolicy, Port, Protocol};
+use k8s_openapi::api::core::v1::Service;
+
+use crate::client::POOL_ANNOTATION;
+
+const PREFIX: &str = "metallb.io/";
+const OLD_PREFIX: &str = "metallb.universe.tf/";
+const IPS: &str = "loadBalancerIPs";
+const POOL: &str = "address-pool";
+const SHARING: &str = "allow-shared-ip";
+
+/// An annotation under either prefix: the new one wins.
+struct Annotation<'a> {
+    value: Option<&'a str>,
+    /// The old-prefix key, when that is the one in effect.
+    deprecated: Option<String>,
+}
+
+fn annotation<'a>(service: &'a Service, name: &str) -> Annotation<'a> {
+    let annotations = service.metadata.annotations.as_ref();
+    let get = |key: String| annotations.and_then(|a| a.get(&key)).map(String::as_str);
+    if let Some(value) = get(format!("{PREFIX}{name}")) {
+        return Annotation {
+            value: Some(value),
+            deprecated: None,
+        };
+    }
+    let old_key = format!("{OLD_PREFIX}{name}");
+    match get(old_key.clone()) {
+        Some(value) => Annotation {
+            value: Some(value),
+            deprecated: Some(old_key),
+        },
+        None => Annotation {
+            value: None,
+            deprecated: None,
+        },
+    }
+}
+
+/// Whether the Service is one this controller handles (§4.1).
+pub(crate) fn is_ours(service: &Service, lb_class: Option<&str>) -> bool {
+    let Some(spec) = service.spec.as_ref() else {
+        return false;
+    };
+    spec.type_.as_deref() == Some("LoadBalancer")
+        && spec
+            .load_balancer_class
+            .as_deref()
+            .filter(|c| !c.is_empty())
+            == lb_class
+}
+
+/// What a Service asks for and is, in plain values for the allocator.
+#[derive(Debug)]
+pub(crate) struct ServiceView {
+    pub(crate) namespace: String,
+    pub(crate) labels: BTreeMap<String, String>,
+    /// `None`: no cluster IP, no address can be given.
+    pub(crate) families: Option<FamilyPolicy>,
+    /// The requested addresses, or why the request is invalid.
+    pub(crate) requested: Result<Vec<IpAddr>, String>,
+    pub(crate) pool: Option<String>,
+    pub(crate) sharing_key: String,
+    pub(crate) backend_key: String,
+    pub(crate) ports: Vec<Port>,
+    /// Old-prefix annotations in effect, for `DeprecatedAnnotation`.
+    pub(crate) deprecated: Vec<String>,
+}
+
+impl ServiceView {
+    pub(crate) fn new(service: &Service) -> ServiceView {
+        let spec = service.spec.clone().unwrap_or_default();
+        let ips = annotation(service, IPS);
+        let pool = annotation(service, POOL);
+        let sharing = annotation(service, SHARING);
+        let deprecated = [&ips, &pool, &sharing]
+            .iter()
+            .filter_map(|a| a.deprecated.clone())
+            .collect();
+        let requested = requested_addresses(ips.value, spec.load_balancer_ip.as_deref());
+        let backend_key = if spec.external_traffic_policy.as_deref() == Some("Local") {
+            spec.selector
+                .unwrap_or_default()
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        } else {
+            String::new()
+        };
+        let ports = spec
+            .ports
+            .unwrap_or_default()
+            .iter()
+            .map(|p| Port {
+                protocol: Protocol::from_k8s(p.protocol.as_deref()),
+                port: p.port,
+            })
+            .collect();
+        ServiceView {
+            namespace: service.metadata.namespace.clone().unwrap_or_default(),
+            labels: service.metadata.labels.clone().unwrap_or_default(),
+            families: families(service),
+            requested,
+            pool: pool
+                .value
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned),
+            sharing_key: sharing.value.unwrap_or_default().trim().to_owned(),
+            backend_key,
+            ports,
+            deprecated,
+        }
+    }
+}
+
+/// The requested addresses (§4.2): the annotation or `spec.loadBalancerIP`,
+/// at most one per family.
+fn requested_addresses(
+    annotation: Option<&str>,
+    spec_ip: Option<&str>,
+) -> Result<Vec<IpAddr>, String> {
+    let annotation = annotation.map(str::trim).filter(|a| !a.is_empty());
+    let spec_ip = spec_ip.map(str::trim).filter(|a| !a.is_empty());
+    let (source, text) = match (annotation, spec_ip) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "both the {PREFIX}{IPS} annotation and spec.loadBalancerIP are set"
+            ))
+        }
+        (Some(text), None) => ("the loadBalancerIPs annotation", text),
+        (None, Some(text)) => ("spec.loadBalancerIP", text),
+        (None, None) => return Ok(Vec::new()),
+    };
+    let mut ips: Vec<IpAddr> = Vec::new();
+    for part in text.split(',') {
+        let part = part.trim();
+        let ip: IpAddr = part
+            .parse()
+            .map_err(|_| format!("{source}: {part:?} is not an IP address"))?;
+        if ips.iter().any(|other| other.is_ipv4() == ip.is_ipv4()) {
+            return Err(format!(
+                "{source}: more than one {} address",
+                Family::of(ip)
+            ));
+        }
+        ips.push(ip);
+    }
+    Ok(ips)
+}
+
+/// The families of a Service from its cluster IPs (§4.3).
+fn families(service: &Service) -> Option<FamilyPolicy> {
+    let spec = service.spec.as_ref()?;
+    let listed: Vec<&String> = match spec.cluster_ips.as_ref().filter(|ips| !ips.is_empty()) {
+        Some(ips) => ips.iter().collect(),
+        None => spec.cluster_ip.iter().collect(),
+    };
+    let mut found: Vec<Family> = Vec::new();
+    for ip in listed.iter().filter_map(|ip| ip.parse::<IpAddr>().ok()) {
+        let family = Family::of(ip);
+        if !found.contains(&family) {
+            found.push(family);
+        }
+    }
+    match found.as_slice() {
+        [] => None,
+        [family] => Some(FamilyPolicy::Single(*family)),
+        [first, ..] => Some(match spec.ip_family_policy.as_deref() {
+            Some("PreferDualStack") => {
+                let primary = spec
+                    .ip_families
+                    .as_ref()
+                    .and_then(|f| f.first())
+                    .map(|f| if f == "IPv6" { Family::V6 } else { Family::V4 })
+                    .unwrap_or(*first);
+                FamilyPolicy::PreferDual { primary }
+            }
+            _ => FamilyPolicy::RequireDual,
+        }),
+    }
+}
+
+/// The addresses in `status.loadBalancer.ingress`, in order; an entry that
+/// does not parse is returned as an error (it cannot be kept).
+pub(crate) fn status_ips(service: &Service) -> Result<Vec<IpAddr>, String> {
+    status_ip_strings(service)
+        .into_iter()
+        .map(|text| {
+            text.parse()
+                .map_err(|_| format!("status address {text:?} is not an IP address"))
+        })
+        .collect()
+}
+
+/// The `ip` of every ingress entry that has one, as written.
+pub(crate) fn status_ip_strings(service: &Service) -> Vec<String> {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ingress| {
+            ingress
+                .iter()
+                .filter_map(|i| i.ip.clone())
+                .filter(|ip| !ip.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The pool annotation the controller wrote, if any.
+pub(crate) fn pool_annotation(service: &Service) -> Option<&str> {
+    service
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(POOL_ANNOTATION)
+        .map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ServiceSpec;
+
+    fn service(annotations: &[(&str, &str)], spec: ServiceSpec) -> Service {
+        let mut service = Service::default();
+        service.metadata.name = Some("web".into());
+        service.metadata.namespace = Some("ns".into());
+        service.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        service.spec = Some(spec);
+        service
+    }
+
+    fn lb(cluster_ips: &[&str]) -> ServiceSpec {
+        ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            cluster_ips: Some(cluster_ips.iter().map(|s| s.to_string()).collect()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn new_prefix_wins_and_old_prefix_is_reported() {
+        let view = ServiceView::new(&service(
+            &[
+                ("metallb.io/address-pool", "new"),
+                ("metallb.universe.tf/address-pool", "old"),
+                ("metallb.universe.tf/allow-shared-ip", "k"),
+            ],
+            lb(&["10.96.0.1"]),
+        ));
+        assert_eq!(view.pool.as_deref(), Some("new"));
+        assert_eq!(view.sharing_key, "k");
+        assert_eq!(view.deprecated, ["metallb.universe.tf/allow-shared-ip"]);
+    }
+
+    #[test]
+    fn requested_addresses_rules() {
+        let ok = |a: &str| requested_addresses(Some(a), None);
+        assert_eq!(ok(" 10.0.0.1 , fd00::1 ").unwrap().len(), 2);
+        assert!(ok("10.0.0.1,10.0.0.2")
+            .unwrap_err()
+            .contains("more than one IPv4"));
+        assert!(ok("10.0.0.1,fd00::1,10.0.0.3").is_err());
+        assert!(ok("10.0.0.1:80").is_err());
+        assert!(ok("fe80::1%eth0").is_err());
+        assert!(ok("10.0.0.1,").is_err());
+        assert_eq!(ok("  ").unwrap(), Vec::<IpAddr>::new());
+        assert!(requested_addresses(Some("10.0.0.1"), Some("10.0.0.1"))
+            .unwrap_err()
+            .contains("both"));
+        assert_eq!(
+            requested_addresses(None, Some("10.0.0.1")).unwrap().len(),
+            1
+        );
+        assert!(requested_addresses(None, Some("nope")).is_err());
+    }
+
+    #[test]
+    fn families_from_cluster_ips() {
+        let single = lb(&["fd00::1"]);
+        assert_eq!(
+            families(&service(&[], single)),
+            Some(FamilyPolicy::Single(Family::V6))
+        );
+        let mut prefer = lb(&["fd00::1", "10.96.0.1"]);
+        prefer.ip_family_policy = Some("PreferDualStack".into());
+        prefer.ip_families = Some(vec!["IPv6".into(), "IPv4".into()]);
+        assert_eq!(
+            families(&service(&[], prefer)),
+            Some(FamilyPolicy::PreferDual {
+                primary: Family::V6
+            })
+        );
+        assert_eq!(
+            families(&service(&[], lb(&["10.96.0.1", "fd00::1"]))),
+            Some(FamilyPolicy::RequireDual)
+        );
+        assert_eq!(families(&service(&[], lb(&["None"]))), None);
+        let mut old = lb(&[]);
+        old.cluster_ips = None;
+        old.cluster_ip = Some("10.96.0.9".into());
+        assert_eq!(
+            families(&service(&[], old)),
+            Some(FamilyPolicy::Single(Family::V4))
+        );
+    }
+
+    #[test]
+    fn class_and_type() {
+        let mut spec = lb(&["10.96.0.1"]);
+        assert!(is_ours(&service(&[], spec.clone()), None));
+        spec.load_balancer_class = Some("other".into());
+        assert!(!is_ours(&service(&[], spec.clone()), None));
+        assert!(is_ours(&service(&[], spec.clone()), Some("other")));
+        spec.type_ = Some("ClusterIP".into());
+        assert!(!is_ours(&service(&[], spec), Some("other")));
+    }
+
+    #[test]
+    fn backend_key_only_for_local() {
+        let mut spec = lb(&["10.96.0.1"]);
+        spec.selector = Some([("app".to_string(), "web".to_string())].into());
+        assert_eq!(
+            ServiceView::new(&service(&[], spec.clone())).backend_key,
+            ""
+        );
+        spec.external_traffic_policy = Some("Local".into());
+        assert_eq!(ServiceView::new(&service(&[], spec)).backend_key, "app=web");
+    }
+}

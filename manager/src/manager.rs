@@ -1,0 +1,1241 @@
+//! The queue and its one worker (DESIGN.md §5).
+//!
+//! Handler calls only record order information and queue a key; the worker
+//! takes keys one at a time, reads the current object from the [`Store`] and
+//! calls the [`Controller`]. All queue state sits behind one mutex that is
+//! never held across an `.await` nor while the controller or the store runs.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use subscriber::{
+    namespace_name, pool_name, service_key, Error, IPAddressPool, NamespaceHandler, PoolHandler,
+    ServiceHandler,
+};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Controller, Reconsider, RestoreOutcome, Store, SyncOutcome, SyncState};
+
+/// How the [`Manager`] retries a key whose reconciliation asked for it.
+#[derive(Clone, Debug)]
+pub struct ManagerConfig {
+    retry_base: Duration,
+    retry_cap: Duration,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            retry_base: Duration::from_millis(10),
+            retry_cap: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ManagerConfig {
+    /// The delay before the first retry of a key; each further failure in a
+    /// row doubles it (default 10ms).
+    #[must_use]
+    pub fn retry_base(mut self, base: Duration) -> Self {
+        self.retry_base = base;
+        self
+    }
+
+    /// The longest delay between two retries of a key (default 5s).
+    #[must_use]
+    pub fn retry_cap(mut self, cap: Duration) -> Self {
+        self.retry_cap = cap;
+        self
+    }
+
+    /// `retry_base * 2^attempts`, at most `retry_cap`.
+    fn backoff(&self, attempts: u32) -> Duration {
+        2u32.checked_pow(attempts)
+            .and_then(|factor| self.retry_base.checked_mul(factor))
+            .map_or(self.retry_cap, |delay| delay.min(self.retry_cap))
+    }
+}
+
+/// What the queue carries: one FIFO for every kind, so events are processed
+/// in the order they came.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum QueueKey {
+    /// `namespace/name`.
+    Service(String),
+    Pool(String),
+    Namespace(String),
+}
+
+impl QueueKey {
+    fn kind(&self) -> &'static str {
+        match self {
+            QueueKey::Service(_) => "Service",
+            QueueKey::Pool(_) => "IPAddressPool",
+            QueueKey::Namespace(_) => "Namespace",
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            QueueKey::Service(name) | QueueKey::Pool(name) | QueueKey::Namespace(name) => name,
+        }
+    }
+}
+
+/// Everything the handlers and the worker share.
+#[derive(Default)]
+struct State {
+    /// `mark_synced` was called.
+    sync_requested: bool,
+    /// The worker has run the sync passes; it decides from now on.
+    synced: bool,
+    queue: VecDeque<QueueKey>,
+    /// The keys in `queue`.
+    queued: HashSet<QueueKey>,
+    in_flight: Option<QueueKey>,
+    /// The in-flight key was queued again while being processed.
+    requeue: bool,
+    /// Source of first-seen, waiting and retry sequence numbers.
+    next_seq: u64,
+    /// Service key → sequence number of its first event since creation.
+    first_seen: HashMap<String, u64>,
+    /// Service key → sequence number at which it started waiting.
+    waiting: HashMap<String, u64>,
+    /// Failures in a row of a key that asked for a retry.
+    attempts: HashMap<QueueKey, u32>,
+    /// Pending retries by deadline (the sequence number breaks ties).
+    retries: BTreeMap<(Instant, u64), QueueKey>,
+    /// The entry of `retries` of each key.
+    retry_of: HashMap<QueueKey, (Instant, u64)>,
+}
+
+impl State {
+    fn seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq = seq.saturating_add(1);
+        seq
+    }
+
+    fn is_idle(&self) -> bool {
+        self.synced && self.queue.is_empty() && self.in_flight.is_none() && self.retries.is_empty()
+    }
+
+    /// Queues `key` unless it is queued already; a key in flight is queued
+    /// again when it is done.
+    fn enqueue(&mut self, key: QueueKey) {
+        if self.in_flight.as_ref() == Some(&key) {
+            self.requeue = true;
+        } else if self.queued.insert(key.clone()) {
+            tracing::trace!(kind = key.kind(), key = key.name(), "queued");
+            self.queue.push_back(key);
+        }
+    }
+
+    /// Marks `key`, just taken from the queue, in flight: a pending retry is
+    /// now moot.
+    fn start(&mut self, key: &QueueKey) {
+        self.queued.remove(key);
+        if let Some(entry) = self.retry_of.remove(key) {
+            self.retries.remove(&entry);
+        }
+        self.in_flight = Some(key.clone());
+    }
+
+    /// Queues the retries due at `now`, then takes the first key.
+    fn pop(&mut self, now: Instant) -> Option<QueueKey> {
+        while let Some(entry) = self.retries.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let key = entry.remove();
+            self.retry_of.remove(&key);
+            self.enqueue(key);
+        }
+        let key = self.queue.pop_front()?;
+        self.start(&key);
+        Some(key)
+    }
+
+    /// Takes the first Pool or Namespace key (sync, first pass).
+    fn pop_non_service(&mut self) -> Option<QueueKey> {
+        let index = self
+            .queue
+            .iter()
+            .position(|k| !matches!(k, QueueKey::Service(_)))?;
+        let key = self.queue.remove(index)?;
+        self.start(&key);
+        Some(key)
+    }
+
+    fn schedule_retry(&mut self, key: QueueKey, at: Instant) {
+        let entry = (at, self.seq());
+        if let Some(old) = self.retry_of.insert(key.clone(), entry) {
+            self.retries.remove(&old);
+        }
+        self.retries.insert(entry, key);
+    }
+
+    /// The keys of `map` by their sequence number, lowest first.
+    fn in_order(map: &HashMap<String, u64>) -> Vec<String> {
+        let mut keys: Vec<(u64, &String)> = map.iter().map(|(k, seq)| (*seq, k)).collect();
+        keys.sort_unstable();
+        keys.into_iter().map(|(_, key)| key.clone()).collect()
+    }
+
+    /// Books the outcome of the in-flight `key` and queues what follows
+    /// from it; `all` is every known Service in `Reconsider::All` order when
+    /// the outcome asked for it. `follow` is false in the sync pass, where
+    /// everything is considered next anyway.
+    fn finish(
+        &mut self,
+        key: QueueKey,
+        deleted: bool,
+        outcome: SyncOutcome,
+        follow: bool,
+        all: Vec<String>,
+        config: &ManagerConfig,
+    ) {
+        self.in_flight = None;
+        let requeue = std::mem::take(&mut self.requeue);
+        let service = match &key {
+            QueueKey::Service(name) => Some(name.as_str()),
+            _ => None,
+        };
+        if let (Some(name), true) = (service, deleted) {
+            self.waiting.remove(name);
+            // A delete forgot the key when it came; an event since then
+            // (requeue) may have made it known again.
+            if !requeue {
+                self.first_seen.remove(name);
+            }
+        }
+        match outcome.state {
+            SyncState::Retry(reason) => {
+                let attempts = self.attempts.entry(key.clone()).or_insert(0);
+                let delay = config.backoff(*attempts);
+                *attempts = attempts.saturating_add(1);
+                tracing::warn!(kind = key.kind(), key = key.name(), %reason, ?delay, "retrying");
+                let now = Instant::now();
+                let year = Duration::from_secs(365 * 86_400);
+                let at = now.checked_add(delay).unwrap_or_else(|| now + year);
+                self.schedule_retry(key.clone(), at);
+            }
+            SyncState::Waiting if !deleted => {
+                self.attempts.remove(&key);
+                if let Some(name) = service {
+                    if !self.waiting.contains_key(name) {
+                        let since = self.seq();
+                        self.waiting.insert(name.to_owned(), since);
+                    }
+                }
+            }
+            SyncState::Success | SyncState::Invalid | SyncState::Waiting => {
+                self.attempts.remove(&key);
+                if let Some(name) = service {
+                    self.waiting.remove(name);
+                }
+            }
+        }
+        if requeue {
+            self.enqueue(key.clone());
+        }
+        if !follow {
+            return;
+        }
+        let mut others = Vec::new();
+        if outcome.wake_waiting {
+            others.extend(Self::in_order(&self.waiting));
+        }
+        match outcome.reconsider {
+            Reconsider::None => {}
+            Reconsider::Keys(keys) => others.extend(keys),
+            Reconsider::All => others.extend(all),
+        }
+        for other in others {
+            if service != Some(other.as_str()) {
+                self.enqueue(QueueKey::Service(other));
+            }
+        }
+    }
+
+    /// Ends the sync passes: Pool and Namespace keys that came meanwhile
+    /// first, then the Services in `order`, then any other queued Service.
+    fn finish_sync(&mut self, order: Vec<String>) {
+        let old = std::mem::take(&mut self.queue);
+        self.queued.clear();
+        let (services, others): (Vec<_>, Vec<_>) = old
+            .into_iter()
+            .partition(|key| matches!(key, QueueKey::Service(_)));
+        others.into_iter().for_each(|key| self.enqueue(key));
+        order
+            .into_iter()
+            .for_each(|key| self.enqueue(QueueKey::Service(key)));
+        services.into_iter().for_each(|key| self.enqueue(key));
+        self.synced = true;
+    }
+}
+
+struct Inner<C> {
+    store: Arc<dyn Store>,
+    controller: Arc<C>,
+    config: ManagerConfig,
+    state: Mutex<State>,
+    /// Wakes the worker: a key was queued or sync was requested.
+    work: Notify,
+    /// Whether [`State::is_idle`] holds.
+    idle: watch::Sender<bool>,
+    started: AtomicBool,
+}
+
+/// Queues Service, pool and Namespace keys from the subscriber handler traits
+/// and reconciles them, one at a time, through a [`Controller`].
+///
+/// Cheap to clone; every clone is the same manager. Register it on the host's
+/// chains, [`start`](Manager::start) its worker, and call
+/// [`mark_synced`](Manager::mark_synced) once the host's initial list is in.
+pub struct Manager<C> {
+    inner: Arc<Inner<C>>,
+}
+
+impl<C> Clone for Manager<C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<C> fmt::Debug for Manager<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state();
+        f.debug_struct("Manager")
+            .field("synced", &state.synced)
+            .field("queued", &state.queue.len())
+            .field("in_flight", &state.in_flight)
+            .field("waiting", &state.waiting.len())
+            .field("retries", &state.retries.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> Manager<C> {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the state under the lock and publishes idleness.
+    fn with_state<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut state = self.state();
+        let result = f(&mut state);
+        let idle = state.is_idle();
+        self.inner
+            .idle
+            .send_if_modified(|old| std::mem::replace(old, idle) != idle);
+        result
+    }
+
+    /// Records the event of `key` with `f` and queues it.
+    fn push(&self, key: QueueKey, f: impl FnOnce(&mut State)) {
+        self.with_state(|state| {
+            f(state);
+            state.enqueue(key);
+        });
+        self.inner.work.notify_one();
+    }
+
+    /// The host's initial list is complete: the worker, when it runs, applies
+    /// the queued pools and Namespaces, restores every Service's held
+    /// addresses, and from then on decides (DESIGN.md §4.5).
+    pub fn mark_synced(&self) {
+        self.with_state(|state| state.sync_requested = true);
+        self.inner.work.notify_one();
+    }
+
+    /// Whether [`mark_synced`](Manager::mark_synced) was called (the worker
+    /// may still be running the sync passes; [`idle`](Manager::idle) waits
+    /// for them).
+    pub fn is_synced(&self) -> bool {
+        self.state().sync_requested
+    }
+
+    /// The Services waiting for an address, the one that has waited longest
+    /// first.
+    pub fn waiting_keys(&self) -> Vec<String> {
+        State::in_order(&self.state().waiting)
+    }
+
+    /// Resolves once the sync passes are done, the queue is empty, no key is
+    /// in flight and no retry is pending.
+    pub async fn idle(&self) {
+        let mut idle = self.inner.idle.subscribe();
+        // The sender lives as long as `self`, so this cannot fail.
+        let _ = idle.wait_for(|idle| *idle).await;
+    }
+}
+
+impl<C: Controller> Manager<C> {
+    /// A manager that reads objects from `store` and decides through
+    /// `controller`; nothing runs until [`start`](Manager::start).
+    pub fn new(store: Arc<dyn Store>, controller: Arc<C>, config: ManagerConfig) -> Self {
+        let inner = Inner {
+            store,
+            controller,
+            config,
+            state: Mutex::new(State::default()),
+            work: Notify::new(),
+            idle: watch::Sender::new(false),
+            started: AtomicBool::new(false),
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Spawns the worker on the current tokio runtime. When `cancel` fires,
+    /// the key in flight finishes, nothing else starts, and the task returns.
+    /// There is one worker: a second call returns a task that does nothing.
+    pub fn start(&self, cancel: CancellationToken) -> JoinHandle<()> {
+        if self.inner.started.swap(true, Ordering::SeqCst) {
+            tracing::warn!("Manager::start called again; the worker is already running");
+            return tokio::spawn(async {});
+        }
+        let manager = self.clone();
+        tokio::spawn(async move { manager.run(cancel).await })
+    }
+
+    async fn run(self, cancel: CancellationToken) {
+        tracing::debug!("worker started");
+        loop {
+            if cancel.is_cancelled() {
+                return;
+            }
+            if self.state().sync_requested {
+                break;
+            }
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => return,
+                () = self.inner.work.notified() => {}
+            }
+        }
+        if !self.sync(&cancel).await {
+            return;
+        }
+        while !cancel.is_cancelled() {
+            let now = Instant::now();
+            let next = self.with_state(|state| {
+                state
+                    .pop(now)
+                    .ok_or_else(|| state.retries.keys().next().map(|(at, _)| *at))
+            });
+            match next {
+                Ok(key) => self.process(key, true).await,
+                Err(deadline) => {
+                    let retry = async {
+                        match deadline {
+                            Some(at) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => {}
+                        () = self.inner.work.notified() => {}
+                        () = retry => {}
+                    }
+                }
+            }
+        }
+        tracing::debug!("worker stopped");
+    }
+
+    /// The sync passes of DESIGN.md §4.5; false when cancelled midway.
+    async fn sync(&self, cancel: &CancellationToken) -> bool {
+        tracing::info!("synced: applying pools and Namespaces, restoring Services");
+        while let Some(key) = self.with_state(State::pop_non_service) {
+            self.process(key, false).await;
+            if cancel.is_cancelled() {
+                return false;
+            }
+        }
+        let known = State::in_order(&self.state().first_seen);
+        let (mut kept, mut release, mut nothing) = (Vec::new(), Vec::new(), Vec::new());
+        for key in known {
+            let restored = match self.inner.store.service(&key) {
+                Some(service) => self.inner.controller.restore(&key, &service),
+                None => RestoreOutcome::Nothing,
+            };
+            tracing::debug!(key, ?restored, "restored");
+            match restored {
+                RestoreOutcome::Kept => kept.push(key),
+                RestoreOutcome::MustRelease => release.push(key),
+                RestoreOutcome::Nothing => nothing.push(key),
+            }
+        }
+        self.inner.controller.mark_synced();
+        kept.append(&mut release);
+        kept.append(&mut nothing);
+        self.with_state(|state| state.finish_sync(kept));
+        tracing::info!("sync passes done");
+        true
+    }
+
+    /// Reconciles `key`, which is in flight, and books the outcome.
+    async fn process(&self, key: QueueKey, follow: bool) {
+        let (kind, name) = (key.kind(), key.name());
+        tracing::debug!(kind, key = name, "processing");
+        let controller = &self.inner.controller;
+        let store = &self.inner.store;
+        let (outcome, deleted) = match &key {
+            QueueKey::Service(name) => {
+                let service = store.service(name);
+                (
+                    controller.set_balancer(name, service.as_deref()).await,
+                    service.is_none(),
+                )
+            }
+            QueueKey::Pool(name) => {
+                let pool = store.pool(name);
+                (
+                    controller.set_pool(name, pool.as_deref()).await,
+                    pool.is_none(),
+                )
+            }
+            QueueKey::Namespace(name) => {
+                let namespace = store.namespace(name);
+                (
+                    controller.set_namespace(name, namespace.as_deref()).await,
+                    namespace.is_none(),
+                )
+            }
+        };
+        tracing::debug!(kind, key = name, deleted, ?outcome, "processed");
+        let all = if follow && outcome.reconsider == Reconsider::All {
+            self.all_services()
+        } else {
+            Vec::new()
+        };
+        let config = &self.inner.config;
+        self.with_state(|state| state.finish(key, deleted, outcome, follow, all, config));
+    }
+
+    /// A Service event: the key is first seen now unless it is known.
+    fn service_event(&self, key: String) {
+        let entry = key.clone();
+        self.push(QueueKey::Service(key), |state| {
+            if !state.first_seen.contains_key(&entry) {
+                let seq = state.seq();
+                state.first_seen.insert(entry, seq);
+            }
+        });
+    }
+
+    /// Every known Service: those with addresses in their status first, then
+    /// the others, each group in first-seen order.
+    fn all_services(&self) -> Vec<String> {
+        let known = State::in_order(&self.state().first_seen);
+        let (mut with, without): (Vec<_>, Vec<_>) = known.into_iter().partition(|key| {
+            self.inner
+                .store
+                .service(key)
+                .is_some_and(|service| has_addresses(&service))
+        });
+        with.extend(without);
+        with
+    }
+}
+
+/// Whether `status.loadBalancer.ingress` is non-empty.
+fn has_addresses(service: &Service) -> bool {
+    let status = service
+        .status
+        .as_ref()
+        .and_then(|status| status.load_balancer.as_ref());
+    status
+        .and_then(|lb| lb.ingress.as_ref())
+        .is_some_and(|ingress| !ingress.is_empty())
+}
+
+#[async_trait]
+impl<C: Controller> ServiceHandler for Manager<C> {
+    async fn on_add_service(&self, service: &Service) -> Result<(), Error> {
+        self.service_event(service_key(service)?);
+        Ok(())
+    }
+
+    async fn on_update_service(&self, _old: &Service, new: &Service) -> Result<(), Error> {
+        self.service_event(service_key(new)?);
+        Ok(())
+    }
+
+    async fn on_delete_service(&self, service: &Service) -> Result<(), Error> {
+        let key = service_key(service)?;
+        let forget = key.clone();
+        // Forgotten now, so a re-created Service is new at its next event.
+        self.push(QueueKey::Service(key), |state| {
+            state.first_seen.remove(&forget);
+        });
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<C: Controller> PoolHandler for Manager<C> {
+    async fn on_add_pool(&self, pool: &IPAddressPool) -> Result<(), Error> {
+        self.push(QueueKey::Pool(pool_name(pool)?), |_| {});
+        Ok(())
+    }
+
+    async fn on_update_pool(&self, _old: &IPAddressPool, new: &IPAddressPool) -> Result<(), Error> {
+        self.push(QueueKey::Pool(pool_name(new)?), |_| {});
+        Ok(())
+    }
+
+    async fn on_delete_pool(&self, pool: &IPAddressPool) -> Result<(), Error> {
+        self.push(QueueKey::Pool(pool_name(pool)?), |_| {});
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<C: Controller> NamespaceHandler for Manager<C> {
+    async fn on_add_namespace(&self, namespace: &Namespace) -> Result<(), Error> {
+        self.push(QueueKey::Namespace(namespace_name(namespace)?), |_| {});
+        Ok(())
+    }
+
+    async fn on_update_namespace(&self, _old: &Namespace, new: &Namespace) -> Result<(), Error> {
+        self.push(QueueKey::Namespace(namespace_name(new)?), |_| {});
+        Ok(())
+    }
+
+    async fn on_delete_namespace(&self, namespace: &Namespace) -> Result<(), Error> {
+        self.push(QueueKey::Namespace(namespace_name(namespace)?), |_| {});
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )]
+
+    use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, ServiceStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use tokio::sync::Semaphore;
+    use tokio::time::timeout;
+
+    use super::*;
+    use crate::DashMapStore;
+
+    /// Records every call as a line (with the time it came) and answers with
+    /// scripted outcomes (default: success, restore `Nothing`). The one
+    /// `gate`d key blocks in `set_balancer` until a permit is added.
+    #[derive(Default)]
+    struct Fake {
+        calls: Mutex<Vec<(String, Instant)>>,
+        outcomes: Mutex<HashMap<String, VecDeque<SyncOutcome>>>,
+        restores: Mutex<HashMap<String, RestoreOutcome>>,
+        gate: Mutex<Option<(String, Arc<Semaphore>)>>,
+        entered: Notify,
+    }
+
+    impl Fake {
+        fn call(&self, call: String, key: &str) -> SyncOutcome {
+            self.calls.lock().unwrap().push((call, Instant::now()));
+            let mut outcomes = self.outcomes.lock().unwrap();
+            outcomes
+                .get_mut(key)
+                .and_then(VecDeque::pop_front)
+                .unwrap_or_else(SyncOutcome::success)
+        }
+    }
+
+    fn deleted(present: bool) -> &'static str {
+        if present {
+            ""
+        } else {
+            "-"
+        }
+    }
+
+    #[async_trait]
+    impl Controller for Fake {
+        async fn set_balancer(&self, key: &str, service: Option<&Service>) -> SyncOutcome {
+            let outcome = self.call(format!("svc{} {key}", deleted(service.is_some())), key);
+            let gate = self.gate.lock().unwrap().take_if(|(gated, _)| gated == key);
+            if let Some((_, permits)) = gate {
+                self.entered.notify_one();
+                permits.acquire().await.unwrap().forget();
+            }
+            outcome
+        }
+
+        async fn set_pool(&self, name: &str, pool: Option<&IPAddressPool>) -> SyncOutcome {
+            self.call(format!("pool{} {name}", deleted(pool.is_some())), name)
+        }
+
+        async fn set_namespace(&self, name: &str, namespace: Option<&Namespace>) -> SyncOutcome {
+            self.call(format!("ns{} {name}", deleted(namespace.is_some())), name)
+        }
+
+        fn restore(&self, key: &str, _: &Service) -> RestoreOutcome {
+            self.calls
+                .lock()
+                .unwrap()
+                .push((format!("restore {key}"), Instant::now()));
+            self.restores
+                .lock()
+                .unwrap()
+                .get(key)
+                .copied()
+                .unwrap_or(RestoreOutcome::Nothing)
+        }
+
+        fn mark_synced(&self) {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(("synced".to_owned(), Instant::now()));
+        }
+    }
+
+    struct Harness {
+        store: Arc<DashMapStore>,
+        fake: Arc<Fake>,
+        manager: Manager<Fake>,
+        cancel: CancellationToken,
+    }
+
+    fn harness(config: ManagerConfig) -> Harness {
+        let store = Arc::new(DashMapStore::default());
+        let fake = Arc::new(Fake::default());
+        let manager = Manager::new(
+            Arc::clone(&store) as Arc<dyn Store>,
+            Arc::clone(&fake),
+            config,
+        );
+        Harness {
+            store,
+            fake,
+            manager,
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    fn service(key: &str, with_address: bool) -> Service {
+        let (namespace, name) = key.split_once('/').unwrap();
+        let ingress = vec![LoadBalancerIngress {
+            ip: Some("10.0.0.1".into()),
+            ..Default::default()
+        }];
+        Service {
+            metadata: ObjectMeta {
+                namespace: Some(namespace.into()),
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            status: with_address.then(|| ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: Some(ingress),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn outcome(state: SyncState) -> SyncOutcome {
+        SyncOutcome::new(state)
+    }
+
+    impl Harness {
+        fn start(&self) -> JoinHandle<()> {
+            self.manager.start(self.cancel.clone())
+        }
+
+        /// Starts the worker, syncs with an empty store and forgets the calls.
+        async fn synced(&self) -> JoinHandle<()> {
+            let worker = self.start();
+            self.manager.mark_synced();
+            self.manager.idle().await;
+            self.take_calls();
+            worker
+        }
+
+        async fn add(&self, key: &str, with_address: bool) {
+            let service = service(key, with_address);
+            self.store
+                .services
+                .insert(key.into(), Arc::new(service.clone()));
+            self.manager.on_add_service(&service).await.unwrap();
+        }
+
+        async fn update(&self, key: &str) {
+            let service = service(key, false);
+            self.manager
+                .on_update_service(&service, &service)
+                .await
+                .unwrap();
+        }
+
+        async fn delete(&self, key: &str) {
+            self.store.services.remove(key);
+            self.manager
+                .on_delete_service(&service(key, false))
+                .await
+                .unwrap();
+        }
+
+        async fn add_pool(&self, name: &str) {
+            let pool = IPAddressPool {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            self.store.pools.insert(name.into(), Arc::new(pool.clone()));
+            self.manager.on_add_pool(&pool).await.unwrap();
+        }
+
+        async fn add_namespace(&self, name: &str) {
+            let namespace = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            self.store
+                .namespaces
+                .insert(name.into(), Arc::new(namespace.clone()));
+            self.manager.on_add_namespace(&namespace).await.unwrap();
+        }
+
+        fn script(&self, key: &str, outcomes: impl IntoIterator<Item = SyncOutcome>) {
+            self.fake
+                .outcomes
+                .lock()
+                .unwrap()
+                .entry(key.into())
+                .or_default()
+                .extend(outcomes);
+        }
+
+        /// Makes the next `set_balancer(key)` block until a permit is added.
+        fn gate(&self, key: &str) -> Arc<Semaphore> {
+            let permits = Arc::new(Semaphore::new(0));
+            *self.fake.gate.lock().unwrap() = Some((key.into(), Arc::clone(&permits)));
+            permits
+        }
+
+        fn take_calls(&self) -> Vec<String> {
+            let calls = std::mem::take(&mut *self.fake.calls.lock().unwrap());
+            calls.into_iter().map(|(call, _)| call).collect()
+        }
+
+        fn call_times(&self) -> Vec<Instant> {
+            self.fake
+                .calls
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, at)| *at)
+                .collect()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_decided_before_sync_then_pools_restore_and_ordered_queue() {
+        let h = harness(ManagerConfig::default());
+        h.add("ns/s1", false).await;
+        h.add_pool("p1").await;
+        h.add("ns/s2", true).await;
+        h.add_namespace("n1").await;
+        h.add("ns/s3", true).await;
+        h.add("ns/s4", true).await;
+        h.add_pool("p2").await;
+        h.add("ns/s1", false).await;
+        h.store
+            .services
+            .insert("ns/unseen".into(), Arc::new(service("ns/unseen", true)));
+        let restores = [
+            ("ns/s2", RestoreOutcome::MustRelease),
+            ("ns/s3", RestoreOutcome::Kept),
+        ];
+        h.fake
+            .restores
+            .lock()
+            .unwrap()
+            .extend(restores.map(|(k, r)| (k.to_owned(), r)));
+        h.fake
+            .restores
+            .lock()
+            .unwrap()
+            .insert("ns/s4".into(), RestoreOutcome::Kept);
+        // Ignored in the sync pass: everything is considered next anyway.
+        h.script(
+            "p1",
+            [SyncOutcome {
+                wake_waiting: true,
+                ..outcome(SyncState::Success)
+            }],
+        );
+        h.script(
+            "n1",
+            [SyncOutcome {
+                reconsider: Reconsider::All,
+                ..SyncOutcome::success()
+            }],
+        );
+
+        let worker = h.start();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(h.take_calls().is_empty());
+        assert!(!h.manager.is_synced());
+        assert!(timeout(Duration::from_secs(1), h.manager.idle())
+            .await
+            .is_err());
+
+        h.manager.mark_synced();
+        assert!(h.manager.is_synced());
+        h.manager.idle().await;
+        assert_eq!(
+            h.take_calls(),
+            [
+                "pool p1",
+                "ns n1",
+                "pool p2",
+                "restore ns/s1",
+                "restore ns/s2",
+                "restore ns/s3",
+                "restore ns/s4",
+                "synced",
+                "svc ns/s3",
+                "svc ns/s4",
+                "svc ns/s2",
+                "svc ns/s1",
+            ]
+        );
+        h.cancel.cancel();
+        worker.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn mark_synced_before_start_and_deleted_then_recreated_is_new() {
+        let h = harness(ManagerConfig::default());
+        h.add("ns/a", true).await;
+        h.add("ns/b", true).await;
+        h.update("ns/a").await;
+        h.delete("ns/a").await;
+        h.add("ns/c", false).await;
+        h.delete("ns/c").await;
+        h.add("ns/a", true).await;
+        h.manager.mark_synced();
+        let _worker = h.start();
+        h.manager.idle().await;
+        // `c` is gone and unknown; its queued delete still reaches the controller.
+        assert_eq!(
+            h.take_calls(),
+            [
+                "restore ns/b",
+                "restore ns/a",
+                "synced",
+                "svc ns/b",
+                "svc ns/a",
+                "svc- ns/c"
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_queued_twice_runs_once_and_one_readded_in_flight_runs_again_after() {
+        let h = harness(ManagerConfig::default());
+        let _worker = h.synced().await;
+        let permits = h.gate("ns/x");
+        h.add("ns/x", false).await;
+        h.fake.entered.notified().await;
+        h.add("ns/b", false).await;
+        h.update("ns/x").await;
+        h.update("ns/b").await;
+        h.add("ns/c", false).await;
+        h.update("ns/x").await;
+        h.update("ns/b").await;
+        permits.add_permits(1);
+        h.manager.idle().await;
+        assert_eq!(
+            h.take_calls(),
+            ["svc ns/x", "svc ns/b", "svc ns/c", "svc ns/x"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_back_off_exponentially_up_to_the_cap_and_reset_after_success() {
+        let config = ManagerConfig::default()
+            .retry_base(Duration::from_millis(10))
+            .retry_cap(Duration::from_millis(50));
+        let h = harness(config);
+        let _worker = h.synced().await;
+        let retry = || outcome(SyncState::Retry("conflict".into()));
+        h.script(
+            "ns/a",
+            [
+                retry(),
+                retry(),
+                retry(),
+                retry(),
+                retry(),
+                SyncOutcome::success(),
+            ],
+        );
+        h.script("ns/a", [retry(), SyncOutcome::success()]);
+        h.add("ns/a", false).await;
+        h.manager.idle().await;
+        h.update("ns/a").await;
+        h.manager.idle().await;
+        let times = h.call_times();
+        let gaps: Vec<u128> = times
+            .windows(2)
+            .map(|pair| (pair[1] - pair[0]).as_millis())
+            .collect();
+        // 10, 20, 40, then capped at 50; the update comes at once; reset to 10.
+        assert_eq!(gaps, [10, 20, 40, 50, 50, 0, 10]);
+        assert_eq!(h.take_calls().len(), 8);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_before_a_retry_fires_replaces_the_retry() {
+        let config = ManagerConfig::default().retry_base(Duration::from_millis(100));
+        let h = harness(config);
+        let _worker = h.synced().await;
+        h.script("ns/a", [outcome(SyncState::Retry("conflict".into()))]);
+        h.add("ns/a", false).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        h.update("ns/a").await;
+        h.manager.idle().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(h.take_calls(), ["svc ns/a", "svc ns/a"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_keys_wake_longest_waiting_first_and_keep_their_place() {
+        let h = harness(ManagerConfig::default());
+        let _worker = h.synced().await;
+        let waiting = || outcome(SyncState::Waiting);
+        h.add("ns/d", false).await;
+        for key in ["ns/c", "ns/a", "ns/b"] {
+            h.script(key, [waiting()]);
+            h.add(key, false).await;
+        }
+        h.manager.idle().await;
+        assert_eq!(h.manager.waiting_keys(), ["ns/c", "ns/a", "ns/b"]);
+        // Failing again does not reset the wait.
+        h.script("ns/a", [waiting()]);
+        h.update("ns/a").await;
+        h.manager.idle().await;
+        assert_eq!(h.manager.waiting_keys(), ["ns/c", "ns/a", "ns/b"]);
+        h.take_calls();
+
+        // `d` goes and wakes them; `b`, queued meanwhile, keeps its place.
+        h.script(
+            "ns/d",
+            [SyncOutcome {
+                wake_waiting: true,
+                ..SyncOutcome::success()
+            }],
+        );
+        h.script("ns/a", [waiting()]);
+        h.script("ns/b", [outcome(SyncState::Invalid)]);
+        let permits = h.gate("ns/d");
+        h.delete("ns/d").await;
+        h.fake.entered.notified().await;
+        h.update("ns/b").await;
+        permits.add_permits(1);
+        h.manager.idle().await;
+        assert_eq!(
+            h.take_calls(),
+            ["svc- ns/d", "svc ns/b", "svc ns/c", "svc ns/a"]
+        );
+        // `c` got an address, `b` is invalid: neither waits; `a` still does.
+        assert_eq!(h.manager.waiting_keys(), ["ns/a"]);
+
+        // A deleted Service stops waiting, whatever the controller says.
+        h.script("ns/b", [waiting()]);
+        h.update("ns/b").await;
+        h.manager.idle().await;
+        assert_eq!(h.manager.waiting_keys(), ["ns/a", "ns/b"]);
+        h.script("ns/a", [outcome(SyncState::Retry("conflict".into()))]);
+        h.delete("ns/a").await;
+        h.manager.idle().await;
+        assert_eq!(h.manager.waiting_keys(), ["ns/b"]);
+        h.script("ns/b", [waiting()]);
+        h.delete("ns/b").await;
+        h.manager.idle().await;
+        assert!(h.manager.waiting_keys().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reconsider_queues_the_keys_or_every_service_with_addresses_first() {
+        let h = harness(ManagerConfig::default());
+        h.add("ns/s1", false).await;
+        h.add("ns/s2", true).await;
+        h.add("ns/s3", false).await;
+        h.add("ns/s4", true).await;
+        let _worker = h.synced().await;
+
+        let all = || SyncOutcome {
+            reconsider: Reconsider::All,
+            ..SyncOutcome::success()
+        };
+        h.script("p", [all()]);
+        h.add_pool("p").await;
+        h.manager.idle().await;
+        assert_eq!(
+            h.take_calls(),
+            ["pool p", "svc ns/s2", "svc ns/s4", "svc ns/s1", "svc ns/s3"]
+        );
+
+        // Deleted and re-created: last in its group.
+        h.delete("ns/s2").await;
+        h.add("ns/s2", true).await;
+        h.manager.idle().await;
+        h.take_calls();
+        h.script("n", [all()]);
+        h.add_namespace("n").await;
+        h.manager.idle().await;
+        assert_eq!(
+            h.take_calls(),
+            ["ns n", "svc ns/s4", "svc ns/s2", "svc ns/s1", "svc ns/s3"]
+        );
+
+        // Explicit keys, never the reconciled key itself.
+        let keys = Reconsider::Keys(vec!["ns/s3".into(), "ns/s1".into(), "ns/s4".into()]);
+        h.script(
+            "ns/s1",
+            [SyncOutcome {
+                reconsider: keys,
+                ..SyncOutcome::success()
+            }],
+        );
+        h.update("ns/s1").await;
+        h.manager.idle().await;
+        assert_eq!(h.take_calls(), ["svc ns/s1", "svc ns/s3", "svc ns/s4"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_finishes_the_key_in_flight_and_starts_nothing_else() {
+        let h = harness(ManagerConfig::default());
+        let worker = h.synced().await;
+        let permits = h.gate("ns/a");
+        h.add("ns/a", false).await;
+        h.fake.entered.notified().await;
+        h.add("ns/b", false).await;
+        h.cancel.cancel();
+        assert!(!worker.is_finished());
+        permits.add_permits(1);
+        timeout(Duration::from_secs(1), worker)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.take_calls(), ["svc ns/a"]);
+
+        // Before sync, too, the worker just stops.
+        let h = harness(ManagerConfig::default());
+        h.add("ns/a", false).await;
+        let worker = h.start();
+        h.cancel.cancel();
+        timeout(Duration::from_secs(1), worker)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(h.take_calls().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_waits_for_sync_queue_in_flight_and_retries() {
+        let config = ManagerConfig::default().retry_base(Duration::from_millis(100));
+        let h = harness(config);
+        h.add("ns/a", false).await;
+        let _worker = h.start();
+        assert!(timeout(Duration::from_secs(1), h.manager.idle())
+            .await
+            .is_err());
+
+        h.script("ns/a", [outcome(SyncState::Retry("conflict".into()))]);
+        let start = Instant::now();
+        h.manager.mark_synced();
+        assert!(timeout(Duration::from_millis(50), h.manager.idle())
+            .await
+            .is_err());
+        h.manager.idle().await;
+        assert_eq!(start.elapsed(), Duration::from_millis(100));
+        assert_eq!(
+            h.take_calls(),
+            ["restore ns/a", "synced", "svc ns/a", "svc ns/a"]
+        );
+
+        // In flight is not idle.
+        let permits = h.gate("ns/a");
+        h.update("ns/a").await;
+        h.fake.entered.notified().await;
+        assert!(timeout(Duration::from_secs(1), h.manager.idle())
+            .await
+            .is_err());
+        permits.add_permits(1);
+        h.manager.idle().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bad_metadata_is_an_error_and_queues_nothing() {
+        let h = harness(ManagerConfig::default());
+        let _worker = h.synced().await;
+        let nameless = Service::default();
+        let error = h.manager.on_add_service(&nameless).await.unwrap_err();
+        assert!(matches!(error, Error::MissingName { kind: "Service" }));
+        let mut no_namespace = service("ns/a", false);
+        no_namespace.metadata.namespace = None;
+        let error = h
+            .manager
+            .on_delete_service(&no_namespace)
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Error::MissingNamespace { .. }));
+        assert!(h
+            .manager
+            .on_add_pool(&IPAddressPool::default())
+            .await
+            .is_err());
+        assert!(h
+            .manager
+            .on_update_namespace(&Namespace::default(), &Namespace::default())
+            .await
+            .is_err());
+        h.manager.idle().await;
+        assert!(h.take_calls().is_empty());
+    }
+
+    #[test]
+    fn backoff_doubles_and_saturates_at_the_cap() {
+        let config = ManagerConfig::default();
+        let delays: Vec<u128> = [0, 1, 2, 9, 31, 32, 1000]
+            .map(|a| config.backoff(a).as_millis())
+            .into();
+        assert_eq!(delays, [10, 20, 40, 5000, 5000, 5000, 5000]);
+    }
+}
