@@ -1,1 +1,42 @@
-//! placeholder
+//! Replays recorded Kubernetes watch streams through the allocator plugin,
+//! offline and deterministically (REPLAY.md is the contract).
+//!
+//! Start with [`replay`] (or [`replay_blocking`]): it reads a JSON Lines
+//! stream once, line by line ([`StreamReader`]), applies each line to a
+//! [`ReplayStore`] that behaves as an API server, delivers the resulting
+//! event to the subscriber chains on which a `manager::Manager` is
+//! registered, waits for the manager to be idle, and returns a
+//! [`ReplayOutput`]: the §3 [`ReplayResult`], a per-line trace
+//! ([`TraceStep`]) for snapshot tests, and the lines skipped with
+//! `--keep-going`. The controller writes through a [`MemoryClient`], which
+//! writes into the store, delivers each write back as a watch would, records
+//! every write and Event, and can fail writes on purpose ([`FailurePlan`]).
+//! [`render`] prints a result as the `fake-watcher replay` command does;
+//! [`load_legacy_config`] reads `--config`.
+
+mod client;
+mod config;
+mod lookahead;
+mod output;
+mod replay;
+mod result;
+mod store;
+mod stream;
+
+pub use client::{EventRecord, FailurePlan, MemoryClient, WriteOutcome, WriteRecord};
+pub use config::{load_legacy_config, parse_legacy_config, ConfigError};
+pub use lookahead::SPOOL_MEMORY_BYTES;
+pub use output::{render, render_json, render_table, render_yaml, OutputError, OutputFormat};
+pub use replay::{
+    replay, replay_blocking, replay_with, Observer, ReplayError, ReplayOptions, ReplayOutput,
+    WRITES_PER_LINE, WRITES_PER_SERVICE,
+};
+pub use result::{
+    Count, FamilyResult, HoldingRecord, PoolResult, RejectedPoolResult, ReplayResult,
+    ServiceResult, TraceEvent, TraceStep, MAX_SAFE_INTEGER,
+};
+pub use store::{Change, Delta, ReplayStore, StoreError, SERVICE_CIDR_V4, SERVICE_CIDR_V6};
+pub use stream::{
+    decode_event, EventType, Kind, LineError, Object, ObjectRef, Record, StreamError, StreamReader,
+    WatchEvent, DEFAULT_MAX_LINE_BYTES, DEFAULT_NAMESPACE,
+};

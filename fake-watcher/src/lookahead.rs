@@ -1,0 +1,190 @@
+//! Finding out, before the first line is replayed, whether the stream has a
+//! `SYNCED` line (REPLAY.md §1.1), while reading the stream only once.
+//!
+//! Whether the first lines are the initial list or already events after sync
+//! depends on a line that may come at the very end, and standard input cannot
+//! be read twice. So the raw bytes up to and including the first `SYNCED`
+//! line (all of them when there is none) are kept, in memory up to
+//! [`SPOOL_MEMORY_BYTES`] and in an anonymous temporary file beyond, and then
+//! read again ahead of the rest of the stream. A stream with an early
+//! `SYNCED` line (every recording, REPLAY.md §4) keeps only its initial
+//! list; one without keeps everything, on disk when it is large. Only lines
+//! that mention `SYNCED` are parsed here; every line is decoded, and every
+//! error reported, once, when it is replayed.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Cursor, Seek, SeekFrom, Write};
+
+use crate::stream::{is_synced_line, read_raw_line, RawLine};
+
+/// How many bytes of the looked-ahead lines stay in memory.
+pub const SPOOL_MEMORY_BYTES: usize = 64 << 20;
+
+/// What went wrong looking ahead.
+#[derive(Debug)]
+pub(crate) enum LookaheadError {
+    /// Reading the stream failed at this 1-based line.
+    Read { line: u64, error: io::Error },
+    /// The temporary file failed.
+    Spool(io::Error),
+}
+
+/// The bytes read ahead, to be read again.
+pub(crate) struct Lookahead {
+    /// The bytes, from the start of the stream.
+    pub(crate) reader: Box<dyn BufRead>,
+    /// Whether they end with a SYNCED line (else they are the whole stream).
+    pub(crate) synced: bool,
+}
+
+/// Reads `reader` up to and including its first SYNCED line, or to its end.
+pub(crate) fn read_to_synced<R: BufRead + ?Sized>(
+    reader: &mut R,
+    max_line_bytes: usize,
+    memory_bytes: usize,
+) -> Result<Lookahead, LookaheadError> {
+    let mut spool = Spool {
+        memory: Vec::new(),
+        file: None,
+        memory_bytes,
+        failure: None,
+    };
+    let mut buf = Vec::new();
+    let mut line: u64 = 0;
+    let synced = loop {
+        let read = read_raw_line(reader, &mut buf, max_line_bytes, &mut spool);
+        line = line.saturating_add(1);
+        match read {
+            Ok(RawLine::Eof) => break false,
+            Ok(RawLine::TooLong) => {}
+            Ok(RawLine::Line) => {
+                if is_synced_line(&buf, line == 1) {
+                    break true;
+                }
+            }
+            Err(error) => {
+                return Err(match spool.failure.take() {
+                    Some(error) => LookaheadError::Spool(error),
+                    None => LookaheadError::Read { line, error },
+                })
+            }
+        }
+    };
+    let reader = spool.into_reader().map_err(LookaheadError::Spool)?;
+    Ok(Lookahead { reader, synced })
+}
+
+/// Bytes kept in memory up to a limit, then in a temporary file.
+struct Spool {
+    memory: Vec<u8>,
+    file: Option<BufWriter<File>>,
+    memory_bytes: usize,
+    /// The spool's own failure (told apart from the stream's).
+    failure: Option<io::Error>,
+}
+
+impl Spool {
+    fn append(&mut self, data: &[u8]) -> io::Result<()> {
+        if let Some(file) = &mut self.file {
+            return file.write_all(data);
+        }
+        if self.memory.len().saturating_add(data.len()) <= self.memory_bytes {
+            self.memory.extend_from_slice(data);
+            return Ok(());
+        }
+        let mut file = BufWriter::new(tempfile::tempfile()?);
+        file.write_all(&self.memory)?;
+        file.write_all(data)?;
+        self.memory = Vec::new();
+        self.file = Some(file);
+        Ok(())
+    }
+
+    fn into_reader(self) -> io::Result<Box<dyn BufRead>> {
+        match self.file {
+            None => Ok(Box::new(Cursor::new(self.memory))),
+            Some(writer) => {
+                let mut file = writer
+                    .into_inner()
+                    .map_err(io::IntoInnerError::into_error)?;
+                file.seek(SeekFrom::Start(0))?;
+                Ok(Box::new(BufReader::with_capacity(1 << 16, file)))
+            }
+        }
+    }
+}
+
+impl Write for Spool {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        match self.append(data) {
+            Ok(()) => Ok(data.len()),
+            Err(error) => {
+                let kind = error.kind();
+                self.failure = Some(error);
+                Err(io::Error::new(kind, "temporary file failed"))
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )]
+
+    use std::io::Read;
+
+    use super::*;
+
+    fn read_all(lookahead: Lookahead, rest: &[u8]) -> String {
+        let mut text = String::new();
+        lookahead
+            .reader
+            .chain(rest)
+            .read_to_string(&mut text)
+            .unwrap();
+        text
+    }
+
+    #[test]
+    fn stops_after_the_first_synced_line() {
+        let text =
+            b"{\"type\":\"ADDED\"}\n# SYNCED\n{\"type\":\"SYNCED\"}\n{\"type\":\"DELETED\"}\n";
+        let mut reader = &text[..];
+        let lookahead = read_to_synced(&mut reader, 1 << 20, 1 << 20).unwrap();
+        assert!(lookahead.synced);
+        assert_eq!(reader, b"{\"type\":\"DELETED\"}\n");
+        assert_eq!(
+            read_all(lookahead, reader),
+            String::from_utf8(text.to_vec()).unwrap()
+        );
+    }
+
+    #[test]
+    fn keeps_everything_without_synced_spilling_to_a_file() {
+        let line = "{\"type\":\"ADDED\",\"object\":{}}\n";
+        let text = line.repeat(100);
+        let mut reader = text.as_bytes();
+        let lookahead = read_to_synced(&mut reader, 1 << 20, 64).unwrap();
+        assert!(!lookahead.synced);
+        assert!(reader.is_empty());
+        assert_eq!(read_all(lookahead, b""), text);
+    }
+
+    #[test]
+    fn long_lines_are_kept_whole() {
+        let text = format!("{}\n{{\"type\":\"SYNCED\"}}", "x".repeat(1000));
+        let mut reader = text.as_bytes();
+        let lookahead = read_to_synced(&mut reader, 100, 100).unwrap();
+        assert!(lookahead.synced);
+        assert_eq!(read_all(lookahead, b""), text);
+    }
+}

@@ -1,0 +1,244 @@
+//! Printing a [`ReplayResult`] (REPLAY.md §2–§3): a kubectl-like table, the
+//! JSON document, or the same document as YAML.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+
+use crate::result::ReplayResult;
+
+/// How to print a result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// One row per LoadBalancer Service, as kubectl prints.
+    #[default]
+    Table,
+    /// The §3 document, pretty-printed with two spaces.
+    Json,
+    /// The §3 document as YAML.
+    Yaml,
+}
+
+impl FromStr for OutputFormat {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "table" => Ok(OutputFormat::Table),
+            "json" => Ok(OutputFormat::Json),
+            "yaml" => Ok(OutputFormat::Yaml),
+            other => Err(format!(
+                "unknown output format {other:?} (table, json or yaml)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for OutputFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OutputFormat::Table => "table",
+            OutputFormat::Json => "json",
+            OutputFormat::Yaml => "yaml",
+        })
+    }
+}
+
+/// A result that could not be serialized.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    /// JSON serialization failed.
+    #[error("cannot write the result as JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// YAML serialization failed.
+    #[error("cannot write the result as YAML: {0}")]
+    Yaml(#[from] serde_yaml_ng::Error),
+}
+
+/// The result in `format`, ending in a newline (the table is empty when
+/// there is no LoadBalancer Service, as kubectl prints nothing then).
+pub fn render(result: &ReplayResult, format: OutputFormat) -> Result<String, OutputError> {
+    match format {
+        OutputFormat::Table => Ok(render_table(result)),
+        OutputFormat::Json => render_json(result),
+        OutputFormat::Yaml => render_yaml(result),
+    }
+}
+
+/// The §3 document as pretty JSON (two-space indent) and a newline.
+pub fn render_json(result: &ReplayResult) -> Result<String, OutputError> {
+    let mut text = serde_json::to_string_pretty(result)?;
+    text.push('\n');
+    Ok(text)
+}
+
+/// The §3 document as YAML.
+pub fn render_yaml(result: &ReplayResult) -> Result<String, OutputError> {
+    Ok(serde_yaml_ng::to_string(result)?)
+}
+
+/// Header of the table's columns.
+const HEADER: [&str; 5] = ["NAMESPACE", "NAME", "EXTERNAL-IP", "POOL", "WARNING"];
+/// Spaces between columns, as kubectl.
+const PADDING: usize = 3;
+
+/// kubectl-like rows: NAMESPACE, NAME, EXTERNAL-IP (comma-separated,
+/// `<pending>` when none), POOL (`<none>` when none) and the reason of the
+/// last Warning Event of the Service (empty when none).
+pub fn render_table(result: &ReplayResult) -> String {
+    if result.services.is_empty() {
+        return String::new();
+    }
+    let mut last_warning: HashMap<&str, &str> = HashMap::new();
+    for event in result.events.iter().filter(|e| e.event_type == "Warning") {
+        last_warning.insert(&event.key, &event.reason);
+    }
+    let mut rows: Vec<[String; 5]> = vec![HEADER.map(str::to_owned)];
+    for service in &result.services {
+        let (namespace, name) = service
+            .key
+            .split_once('/')
+            .unwrap_or(("", service.key.as_str()));
+        let ips = if service.ips.is_empty() {
+            "<pending>".to_owned()
+        } else {
+            service.ips.join(",")
+        };
+        rows.push([
+            namespace.to_owned(),
+            name.to_owned(),
+            ips,
+            service.pool.clone().unwrap_or_else(|| "<none>".to_owned()),
+            last_warning
+                .get(service.key.as_str())
+                .map(|reason| (*reason).to_owned())
+                .unwrap_or_default(),
+        ]);
+    }
+    let mut widths = [0usize; 5];
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut text = String::new();
+    for row in &rows {
+        let mut line = String::new();
+        for (cell, width) in row.iter().zip(widths) {
+            line.push_str(cell);
+            let pad = width.saturating_sub(cell.chars().count()) + PADDING;
+            line.extend(std::iter::repeat_n(' ', pad));
+        }
+        text.push_str(line.trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )]
+
+    use super::*;
+    use crate::client::EventRecord;
+    use crate::result::{
+        Count, FamilyResult, PoolResult, RejectedPoolResult, ServiceResult, MAX_SAFE_INTEGER,
+    };
+
+    fn result() -> ReplayResult {
+        let event = |key: &str, event_type: &str, reason: &str| EventRecord {
+            key: key.to_owned(),
+            event_type: event_type.to_owned(),
+            reason: reason.to_owned(),
+            message: format!("{reason} message"),
+        };
+        ReplayResult {
+            services: vec![
+                ServiceResult {
+                    key: "default/web".into(),
+                    ips: vec!["192.168.10.0".into(), "fc00::1".into()],
+                    pool: Some("default".into()),
+                },
+                ServiceResult {
+                    key: "prod/database".into(),
+                    ips: vec![],
+                    pool: None,
+                },
+            ],
+            events: vec![
+                event("default/web", "Normal", "IPAllocated"),
+                event("prod/database", "Warning", "LoadBalancerFailed"),
+                event("prod/database", "Warning", "AllocationFailed"),
+                event("prod/database", "Normal", "ClearAssignment"),
+            ],
+            pools: vec![PoolResult {
+                name: "default".into(),
+                ipv4: FamilyResult {
+                    total: Count(256),
+                    assigned: Count(1),
+                },
+                ipv6: FamilyResult {
+                    total: Count(1 << 64),
+                    assigned: Count(MAX_SAFE_INTEGER),
+                },
+            }],
+            rejected_pools: vec![RejectedPoolResult {
+                name: "old".into(),
+                reason: "overlaps".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn table_is_aligned_like_kubectl() {
+        assert_eq!(
+            render_table(&result()),
+            "\
+NAMESPACE   NAME       EXTERNAL-IP            POOL      WARNING
+default     web        192.168.10.0,fc00::1   default
+prod        database   <pending>              <none>    AllocationFailed
+"
+        );
+        assert_eq!(render_table(&ReplayResult::default()), "");
+    }
+
+    #[test]
+    fn json_keeps_key_order_and_writes_big_counts_as_strings() {
+        let json = render_json(&result()).unwrap();
+        let services = json.find("\"services\"").unwrap();
+        let events = json.find("\"events\"").unwrap();
+        let pools = json.find("\"pools\"").unwrap();
+        let rejected = json.find("\"rejected_pools\"").unwrap();
+        assert!(services < events && events < pools && pools < rejected);
+        assert!(
+            json.contains("\"total\": \"18446744073709551616\""),
+            "{json}"
+        );
+        assert!(json.contains("\"assigned\": 9007199254740991"), "{json}");
+        assert!(json.contains("\n  \"services\": [\n    {\n      \"key\""));
+        assert!(json.contains("\"pool\": null"));
+        assert!(json.ends_with("}\n"));
+        let back: ReplayResult = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, result());
+    }
+
+    #[test]
+    fn yaml_is_the_same_document() {
+        let yaml = render_yaml(&result()).unwrap();
+        assert!(yaml.starts_with("services:\n"), "{yaml}");
+        assert!(yaml.contains("total: '18446744073709551616'"), "{yaml}");
+        let back: ReplayResult = serde_yaml_ng::from_str(&yaml).unwrap();
+        assert_eq!(back, result());
+    }
+
+    #[test]
+    fn formats_parse() {
+        assert_eq!("yaml".parse(), Ok(OutputFormat::Yaml));
+        assert!("xml".parse::<OutputFormat>().is_err());
+    }
+}

@@ -1,0 +1,933 @@
+//! Driving a replay: the store, the chains, the controller and the manager
+//! wired as a host would wire them, fed one line at a time (REPLAY.md §1).
+//!
+//! Start and sync (§1.1): the stream is read ahead to its first `SYNCED` line
+//! (see the `lookahead` module). Without one, the manager is marked synced
+//! before the first line and every line is an event after sync. With one,
+//! the lines before it are delivered without waiting (the manager only
+//! caches and queues before sync), `SYNCED` marks the manager synced, and
+//! every later line is an event after sync; a second `SYNCED` changes
+//! nothing. After each line after sync, the replay waits for the manager to
+//! be idle before the next one, and fails (rather than hang) if the
+//! controller writes past a per-line limit ([`WRITES_PER_LINE`]).
+
+use std::io::{BufRead, Read};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Service;
+use manager::{
+    AllocatingController, Client, ControllerConfig, Manager, ManagerConfig, Store, POOL_ANNOTATION,
+};
+use subscriber::{
+    IPAddressPool, NamespaceChain, NamespaceHandler, PoolChain, PoolHandler, ServiceChain,
+    ServiceHandler,
+};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{FailurePlan, MemoryClient};
+use crate::lookahead::{read_to_synced, LookaheadError, SPOOL_MEMORY_BYTES};
+use crate::result::{
+    Count, FamilyResult, HoldingRecord, PoolResult, RejectedPoolResult, ReplayResult,
+    ServiceResult, TraceEvent, TraceStep,
+};
+use crate::store::{Change, Delta, ReplayStore, StoreError};
+use crate::stream::{
+    LineError, Object, StreamError, StreamReader, WatchEvent, DEFAULT_MAX_LINE_BYTES,
+};
+
+/// Write attempts allowed for one line: this many, plus
+/// [`WRITES_PER_SERVICE`] per Service in the store. A line may make every
+/// Service release and take addresses again, each write failing once when
+/// failures are injected; a controller that writes more does not converge.
+pub const WRITES_PER_LINE: u64 = 1000;
+/// See [`WRITES_PER_LINE`].
+pub const WRITES_PER_SERVICE: u64 = 8;
+
+/// How to replay a stream.
+#[derive(Clone, Debug)]
+pub struct ReplayOptions {
+    /// `--lb-class`: handle only Services of this class.
+    pub lb_class: Option<String>,
+    /// `--keep-going`: skip bad lines instead of stopping.
+    pub keep_going: bool,
+    /// Pools that exist before the first line (`--config`).
+    pub pools: Vec<IPAddressPool>,
+    /// Fail some status writes (tests of retries).
+    pub failures: Option<FailurePlan>,
+    /// Record a [`TraceStep`] per line.
+    pub trace: bool,
+    /// Check DESIGN.md §6 after every line after sync.
+    pub check_invariants: bool,
+    /// The longest line allowed.
+    pub max_line_bytes: usize,
+    /// How many bytes read ahead stay in memory (see [`SPOOL_MEMORY_BYTES`]).
+    pub spool_memory_bytes: usize,
+    /// The manager's retry timing.
+    pub manager: ManagerConfig,
+    /// Write attempts allowed per line, beside `writes_per_service` per
+    /// Service in the store (default [`WRITES_PER_LINE`]).
+    pub writes_per_line: u64,
+    /// Default [`WRITES_PER_SERVICE`].
+    pub writes_per_service: u64,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        Self {
+            lb_class: None,
+            keep_going: false,
+            pools: Vec::new(),
+            failures: None,
+            trace: false,
+            check_invariants: false,
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            spool_memory_bytes: SPOOL_MEMORY_BYTES,
+            manager: ManagerConfig::default(),
+            writes_per_line: WRITES_PER_LINE,
+            writes_per_service: WRITES_PER_SERVICE,
+        }
+    }
+}
+
+impl ReplayOptions {
+    /// Handle only Services of `class`.
+    #[must_use]
+    pub fn lb_class(mut self, class: impl Into<String>) -> Self {
+        self.lb_class = Some(class.into());
+        self
+    }
+
+    /// Skip bad lines instead of stopping.
+    #[must_use]
+    pub fn keep_going(mut self, keep_going: bool) -> Self {
+        self.keep_going = keep_going;
+        self
+    }
+
+    /// Pools that exist before the first line.
+    #[must_use]
+    pub fn pools(mut self, pools: Vec<IPAddressPool>) -> Self {
+        self.pools = pools;
+        self
+    }
+
+    /// Fail status writes as `plan` says.
+    #[must_use]
+    pub fn failures(mut self, plan: FailurePlan) -> Self {
+        self.failures = Some(plan);
+        self
+    }
+
+    /// Record the per-line trace.
+    #[must_use]
+    pub fn trace(mut self, trace: bool) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// Check the invariants after every line after sync.
+    #[must_use]
+    pub fn check_invariants(mut self, check: bool) -> Self {
+        self.check_invariants = check;
+        self
+    }
+}
+
+/// Everything a replay produced.
+#[derive(Debug, Default)]
+pub struct ReplayOutput {
+    /// The §3 result.
+    pub result: ReplayResult,
+    /// One step per applied line (when [`ReplayOptions::trace`] is set).
+    pub trace: Vec<TraceStep>,
+    /// The lines skipped with `--keep-going`, in order.
+    pub skipped: Vec<StreamError>,
+    /// Invariants broken after a line (when checked): `(line, problems)`.
+    pub violations: Vec<(u64, Vec<String>)>,
+}
+
+/// A replay that could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// A bad line stopped the replay.
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+    /// A pool of `--config` was refused by the store.
+    #[error("--config pool: {0}")]
+    Store(#[from] StoreError),
+    /// The temporary file that holds the looked-ahead lines failed.
+    #[error("cannot keep the stream in a temporary file: {0}")]
+    Spool(#[source] std::io::Error),
+    /// The manager's worker stopped (it panicked).
+    #[error("the manager's worker stopped: {0}")]
+    Worker(String),
+    /// The controller kept writing without becoming idle.
+    #[error("{file}:{line}: the controller made more than {writes} status writes for this line without becoming idle: it does not converge")]
+    NoConvergence {
+        file: String,
+        /// The line being processed (0: a `--config` pool).
+        line: u64,
+        /// The writes allowed for the line.
+        writes: u64,
+    },
+    /// No tokio runtime could be built (blocking replay).
+    #[error("cannot start a tokio runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// Told about the progress of a replay.
+pub trait Observer {
+    /// An event line was read (before it is applied).
+    fn line(&mut self, _line: u64) {}
+    /// A bad line was skipped (`--keep-going`).
+    fn skipped(&mut self, _error: &StreamError) {}
+}
+
+/// An [`Observer`] that does nothing.
+impl Observer for () {}
+
+/// Replays the stream `reader`, named `file` in errors.
+pub async fn replay<R: BufRead>(
+    file: &str,
+    reader: R,
+    options: &ReplayOptions,
+) -> Result<ReplayOutput, ReplayError> {
+    replay_with(file, reader, options, &mut ()).await
+}
+
+/// [`replay`] on a new single-threaded tokio runtime.
+pub fn replay_blocking<R: BufRead>(
+    file: &str,
+    reader: R,
+    options: &ReplayOptions,
+    observer: &mut dyn Observer,
+) -> Result<ReplayOutput, ReplayError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(ReplayError::Runtime)?;
+    runtime.block_on(replay_with(file, reader, options, observer))
+}
+
+/// [`replay`], telling `observer` about its progress.
+pub async fn replay_with<R: BufRead>(
+    file: &str,
+    mut reader: R,
+    options: &ReplayOptions,
+    observer: &mut dyn Observer,
+) -> Result<ReplayOutput, ReplayError> {
+    let mut host = Host::start(file, options);
+    let mut output = ReplayOutput::default();
+    let result = run(file, &mut reader, options, observer, &mut host, &mut output).await;
+    let stopped = host.stop().await;
+    result?;
+    stopped?;
+    Ok(output)
+}
+
+async fn run<R: BufRead>(
+    file: &str,
+    reader: &mut R,
+    options: &ReplayOptions,
+    observer: &mut dyn Observer,
+    host: &mut Host,
+    output: &mut ReplayOutput,
+) -> Result<(), ReplayError> {
+    // The --config pools exist before the first line.
+    for pool in &options.pools {
+        let object = Object::Pool(Box::new(pool.clone()));
+        let event = TraceEvent {
+            event_type: "ADDED".to_owned(),
+            kind: Some(object.kind().to_string()),
+            key: Some(object.key()),
+        };
+        let change = host.store.upsert(object)?;
+        host.apply(0, event, &change, output).await?;
+    }
+    let lookahead = read_to_synced(reader, options.max_line_bytes, options.spool_memory_bytes)
+        .map_err(|error| match error {
+            LookaheadError::Read { line, error } => ReplayError::Stream(StreamError {
+                file: file.to_owned(),
+                line,
+                error: LineError::Io(error),
+            }),
+            LookaheadError::Spool(error) => ReplayError::Spool(error),
+        })?;
+    if !lookahead.synced {
+        host.mark_synced(0).await?;
+    }
+    let mut stream = StreamReader::new(file, Read::chain(lookahead.reader, reader))
+        .max_line_bytes(options.max_line_bytes);
+    while let Some(next) = stream.next_record() {
+        let record = match next {
+            Ok(record) => record,
+            Err(error) => {
+                skip_or_stop(error, options, observer, output)?;
+                continue;
+            }
+        };
+        observer.line(record.line);
+        let event = match record.event {
+            WatchEvent::Bookmark | WatchEvent::Skipped { .. } => continue,
+            WatchEvent::Synced => {
+                if !host.synced {
+                    let mark = host.client.mark();
+                    host.mark_synced(record.line).await?;
+                    let event = TraceEvent {
+                        event_type: "SYNCED".to_owned(),
+                        kind: None,
+                        key: None,
+                    };
+                    host.record(record.line, event, mark, Vec::new(), output);
+                }
+                continue;
+            }
+            event => event,
+        };
+        let trace_event = trace_event(&event);
+        let change = match host.store.apply(event) {
+            Ok(change) => change,
+            Err(error) => {
+                let error = StreamError {
+                    file: file.to_owned(),
+                    line: record.line,
+                    error: LineError::Store(error),
+                };
+                skip_or_stop(error, options, observer, output)?;
+                continue;
+            }
+        };
+        host.apply(record.line, trace_event, &change, output)
+            .await?;
+    }
+    if !host.synced {
+        // Only when the looked-ahead SYNCED line was not replayed.
+        host.mark_synced(stream.line()).await?;
+    }
+    output.result = host.result();
+    Ok(())
+}
+
+fn skip_or_stop(
+    error: StreamError,
+    options: &ReplayOptions,
+    observer: &mut dyn Observer,
+    output: &mut ReplayOutput,
+) -> Result<(), ReplayError> {
+    if error.is_fatal() || !options.keep_going {
+        return Err(error.into());
+    }
+    observer.skipped(&error);
+    output.skipped.push(error);
+    Ok(())
+}
+
+fn trace_event(event: &WatchEvent) -> TraceEvent {
+    let (kind, key) = match event {
+        WatchEvent::Added(object) | WatchEvent::Modified(object) => {
+            (Some(object.kind().to_string()), Some(object.key()))
+        }
+        WatchEvent::Deleted(target) => (Some(target.kind.to_string()), Some(target.key())),
+        WatchEvent::Synced | WatchEvent::Bookmark | WatchEvent::Skipped { .. } => (None, None),
+    };
+    TraceEvent {
+        event_type: event.event_type().as_str().to_owned(),
+        kind,
+        key,
+    }
+}
+
+/// The plugin wired as a host wires it.
+struct Host {
+    store: Arc<ReplayStore>,
+    client: Arc<MemoryClient>,
+    controller: Arc<AllocatingController>,
+    manager: Manager<AllocatingController>,
+    services: Arc<ServiceChain>,
+    pools: Arc<PoolChain>,
+    namespaces: Arc<NamespaceChain>,
+    cancel: CancellationToken,
+    worker: Option<JoinHandle<()>>,
+    /// The stream's name, for errors.
+    file: String,
+    synced: bool,
+    trace: bool,
+    check_invariants: bool,
+    writes_per_line: u64,
+    writes_per_service: u64,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+impl Host {
+    /// Builds everything and starts the manager's worker (on the current
+    /// tokio runtime).
+    fn start(file: &str, options: &ReplayOptions) -> Self {
+        let store = Arc::new(ReplayStore::new());
+        let cache = store.cache();
+        let client = Arc::new(MemoryClient::new(Arc::clone(&store), options.failures));
+        let config = ControllerConfig {
+            lb_class: options.lb_class.clone(),
+        };
+        let controller = Arc::new(AllocatingController::new(
+            Arc::clone(&cache) as Arc<dyn Store>,
+            Arc::clone(&client) as Arc<dyn Client>,
+            config,
+        ));
+        let manager = Manager::new(
+            cache as Arc<dyn Store>,
+            Arc::clone(&controller),
+            options.manager.clone(),
+        );
+        let handler = Arc::new(manager.clone());
+        let mut services = ServiceChain::new();
+        services.register("manager", Arc::clone(&handler) as Arc<dyn ServiceHandler>);
+        let mut pools = PoolChain::new();
+        pools.register("manager", Arc::clone(&handler) as Arc<dyn PoolHandler>);
+        let mut namespaces = NamespaceChain::new();
+        namespaces.register("manager", handler as Arc<dyn NamespaceHandler>);
+        let services = Arc::new(services);
+        client.deliver_to(&services);
+        let cancel = CancellationToken::new();
+        let worker = manager.start(cancel.clone());
+        Self {
+            store,
+            client,
+            controller,
+            manager,
+            services,
+            pools: Arc::new(pools),
+            namespaces: Arc::new(namespaces),
+            cancel,
+            worker: Some(worker),
+            file: file.to_owned(),
+            synced: false,
+            trace: options.trace,
+            check_invariants: options.check_invariants,
+            writes_per_line: options.writes_per_line,
+            writes_per_service: options.writes_per_service,
+        }
+    }
+
+    /// Marks the manager synced (for `line`; 0 before the first) and waits
+    /// for the sync passes.
+    async fn mark_synced(&mut self, line: u64) -> Result<(), ReplayError> {
+        let writes = self.begin_line();
+        self.manager.mark_synced();
+        self.synced = true;
+        self.idle(line, writes).await
+    }
+
+    /// Sets the write limit of a new line; returns the writes it allows.
+    fn begin_line(&self) -> u64 {
+        let services = u64::try_from(self.store.cache().services.len()).unwrap_or(u64::MAX);
+        let writes = self
+            .writes_per_service
+            .saturating_mul(services)
+            .saturating_add(self.writes_per_line);
+        let limit = self.client.attempts().saturating_add(writes);
+        self.client.limit_attempts(limit);
+        writes
+    }
+
+    /// Waits until the manager is idle; fails if its worker stopped or the
+    /// controller went past the line's write limit.
+    async fn idle(&mut self, line: u64, writes: u64) -> Result<(), ReplayError> {
+        let Some(worker) = self.worker.as_mut() else {
+            return Err(ReplayError::Worker("it is not running".to_owned()));
+        };
+        let stopped = tokio::select! {
+            () = self.manager.idle() => return Ok(()),
+            () = self.client.overrun() => None,
+            joined = worker => Some(joined),
+        };
+        match stopped {
+            None => Err(ReplayError::NoConvergence {
+                file: self.file.clone(),
+                line,
+                writes,
+            }),
+            Some(joined) => {
+                self.worker = None;
+                Err(ReplayError::Worker(match joined {
+                    Ok(()) => "it returned".to_owned(),
+                    Err(error) => error.to_string(),
+                }))
+            }
+        }
+    }
+
+    /// Delivers a write's event to the chains, waits for the manager (after
+    /// sync) and records the step.
+    async fn apply(
+        &mut self,
+        line: u64,
+        event: TraceEvent,
+        change: &Change,
+        output: &mut ReplayOutput,
+    ) -> Result<(), ReplayError> {
+        let mark = self.client.mark();
+        let writes = self.begin_line();
+        let errors = match self.deliver(change).await {
+            Ok(()) => Vec::new(),
+            Err(error) => {
+                tracing::warn!(line, %error, "a handler failed");
+                vec![error.to_string()]
+            }
+        };
+        if self.synced {
+            self.idle(line, writes).await?;
+        }
+        self.record(line, event, mark, errors, output);
+        Ok(())
+    }
+
+    async fn deliver(&self, change: &Change) -> Result<(), subscriber::Error> {
+        match change {
+            Change::Service(delta) => match delta {
+                Delta::Added(new) => self.services.on_add_service(new).await,
+                Delta::Updated { old, new } => self.services.on_update_service(old, new).await,
+                Delta::Deleted(old) => self.services.on_delete_service(old).await,
+                Delta::Unchanged => Ok(()),
+            },
+            Change::Pool(delta) => match delta {
+                Delta::Added(new) => self.pools.on_add_pool(new).await,
+                Delta::Updated { old, new } => self.pools.on_update_pool(old, new).await,
+                Delta::Deleted(old) => self.pools.on_delete_pool(old).await,
+                Delta::Unchanged => Ok(()),
+            },
+            Change::Namespace(delta) => match delta {
+                Delta::Added(new) => self.namespaces.on_add_namespace(new).await,
+                Delta::Updated { old, new } => self.namespaces.on_update_namespace(old, new).await,
+                Delta::Deleted(old) => self.namespaces.on_delete_namespace(old).await,
+                Delta::Unchanged => Ok(()),
+            },
+            Change::None => Ok(()),
+        }
+    }
+
+    /// Records the step of `line`: what was written and emitted since `mark`.
+    fn record(
+        &self,
+        line: u64,
+        event: TraceEvent,
+        mark: (usize, usize),
+        errors: Vec<String>,
+        output: &mut ReplayOutput,
+    ) {
+        let violations = if self.check_invariants && self.synced {
+            self.controller.check_invariants().err().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        if !violations.is_empty() {
+            output.violations.push((line, violations.clone()));
+        }
+        if !self.trace {
+            return;
+        }
+        let (writes, events) = self.client.since(mark);
+        let holdings = self
+            .controller
+            .holdings()
+            .into_iter()
+            .map(|holding| HoldingRecord {
+                key: holding.key,
+                ips: holding.ips,
+                pool: holding.pool,
+            })
+            .collect();
+        output.trace.push(TraceStep {
+            line,
+            event,
+            writes,
+            events,
+            holdings,
+            errors,
+            violations,
+        });
+    }
+
+    /// The §3 result of the store and the controller as they are now.
+    fn result(&self) -> ReplayResult {
+        let services = self
+            .store
+            .services()
+            .into_iter()
+            .filter(|(_, service)| is_load_balancer(service))
+            .map(|(key, service)| service_result(key, &service))
+            .collect();
+        let family = |stats: allocator::FamilyStats| FamilyResult {
+            total: Count(stats.total),
+            assigned: Count(stats.assigned),
+        };
+        let pools = self
+            .controller
+            .pool_stats()
+            .into_iter()
+            .map(|stats| PoolResult {
+                name: stats.name,
+                ipv4: family(stats.ipv4),
+                ipv6: family(stats.ipv6),
+            })
+            .collect();
+        let rejected_pools = self
+            .controller
+            .rejected_pools()
+            .into_iter()
+            .map(|rejected| RejectedPoolResult {
+                name: rejected.name,
+                reason: rejected.reason,
+            })
+            .collect();
+        ReplayResult {
+            services,
+            events: self.client.events(),
+            pools,
+            rejected_pools,
+        }
+    }
+
+    /// Stops the worker; fails if it had panicked.
+    async fn stop(mut self) -> Result<(), ReplayError> {
+        self.cancel.cancel();
+        match self.worker.take() {
+            Some(worker) => worker
+                .await
+                .map_err(|error| ReplayError::Worker(error.to_string())),
+            None => Ok(()),
+        }
+    }
+}
+
+fn is_load_balancer(service: &Service) -> bool {
+    service
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.type_.as_deref())
+        .is_some_and(|kind| kind == "LoadBalancer")
+}
+
+fn service_result(key: String, service: &Service) -> ServiceResult {
+    let ips = service
+        .status
+        .as_ref()
+        .and_then(|status| status.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
+        .unwrap_or_default();
+    let pool = service
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(POOL_ANNOTATION))
+        .cloned();
+    ServiceResult { key, ips, pool }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )]
+
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::client::WriteOutcome;
+    use crate::output::render_json;
+
+    fn line(event_type: &str, object: Value) -> String {
+        json!({"type": event_type, "object": object}).to_string()
+    }
+
+    fn pool(name: &str, addresses: &[&str]) -> Value {
+        json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+               "metadata": {"name": name}, "spec": {"addresses": addresses}})
+    }
+
+    fn lb(name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": name, "namespace": "ns"},
+               "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}})
+    }
+
+    fn lb_with_status(name: &str, ip: &str) -> Value {
+        let mut service = lb(name);
+        service["status"] = json!({"loadBalancer": {"ingress": [{"ip": ip}]}});
+        service
+    }
+
+    fn stream(lines: &[String]) -> String {
+        lines.iter().map(|line| format!("{line}\n")).collect()
+    }
+
+    async fn run(text: &str, options: &ReplayOptions) -> ReplayOutput {
+        replay("test.jsonl", text.as_bytes(), options)
+            .await
+            .unwrap()
+    }
+
+    fn reasons(output: &ReplayOutput) -> Vec<(String, String)> {
+        let events = &output.result.events;
+        events
+            .iter()
+            .map(|e| (e.key.clone(), e.reason.clone()))
+            .collect()
+    }
+
+    fn ips(output: &ReplayOutput) -> Vec<(String, Vec<String>)> {
+        let services = &output.result.services;
+        services
+            .iter()
+            .map(|s| (s.key.clone(), s.ips.clone()))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_synced_the_controller_decides_from_the_first_line() {
+        let text = stream(&[
+            line("ADDED", lb("early")),
+            line("ADDED", pool("p", &["10.0.0.0/30"])),
+        ]);
+        let output = run(&text, &ReplayOptions::default().trace(true)).await;
+        assert_eq!(
+            reasons(&output),
+            [
+                ("ns/early".to_owned(), "AllocationFailed".to_owned()),
+                ("ns/early".to_owned(), "IPAllocated".to_owned()),
+            ]
+        );
+        assert_eq!(
+            ips(&output),
+            [("ns/early".to_owned(), vec!["10.0.0.0".to_owned()])]
+        );
+        let lines: Vec<u64> = output.trace.iter().map(|step| step.line).collect();
+        assert_eq!(lines, [1, 2]);
+        assert_eq!(output.trace[1].holdings.len(), 1);
+        assert_eq!(output.trace[1].writes.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn before_synced_is_the_initial_list() {
+        // newcomer comes first but holds nothing; holder's status is kept.
+        let text = stream(&[
+            line("ADDED", lb("newcomer")),
+            line("ADDED", lb_with_status("holder", "10.0.0.0")),
+            line("ADDED", pool("p", &["10.0.0.0/30"])),
+            "{\"type\":\"SYNCED\"}".to_owned(),
+            line("DELETED", lb("holder")),
+        ]);
+        let output = run(&text, &ReplayOptions::default().trace(true)).await;
+        assert_eq!(
+            reasons(&output),
+            [("ns/newcomer".to_owned(), "IPAllocated".to_owned())]
+        );
+        assert_eq!(
+            ips(&output),
+            [("ns/newcomer".to_owned(), vec!["10.0.0.1".to_owned()])]
+        );
+        let steps: Vec<(u64, &str)> = output
+            .trace
+            .iter()
+            .map(|step| (step.line, step.event.event_type.as_str()))
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                (1, "ADDED"),
+                (2, "ADDED"),
+                (3, "ADDED"),
+                (4, "SYNCED"),
+                (5, "DELETED")
+            ]
+        );
+        assert!(output.trace[..3]
+            .iter()
+            .all(|step| step.holdings.is_empty()));
+        assert_eq!(output.trace[3].holdings.len(), 2);
+        // holder kept its address (only the pool annotation was missing);
+        // newcomer got the next one.
+        let writes: Vec<(&str, String, Option<&str>)> = output.trace[3]
+            .writes
+            .iter()
+            .map(|w| (w.key.as_str(), w.ips[0].to_string(), w.pool.as_deref()))
+            .collect();
+        assert_eq!(
+            writes,
+            [
+                ("ns/holder", "10.0.0.0".to_owned(), Some("p")),
+                ("ns/newcomer", "10.0.0.1".to_owned(), Some("p")),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn config_pools_exist_before_the_first_line() {
+        let options = ReplayOptions::default().trace(true).pools(
+            crate::parse_legacy_config(
+                "c",
+                "address-pools:\n- name: legacy\n  addresses: [10.1.0.0/24]\n",
+            )
+            .unwrap(),
+        );
+        let output = run(&stream(&[line("ADDED", lb("web"))]), &options).await;
+        assert_eq!(
+            ips(&output),
+            [("ns/web".to_owned(), vec!["10.1.0.0".to_owned()])]
+        );
+        assert_eq!(output.result.pools[0].name, "legacy");
+        assert_eq!(output.trace[0].line, 0);
+        assert_eq!(output.trace[0].event.kind.as_deref(), Some("IPAddressPool"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bad_line_stops_or_with_keep_going_is_skipped() {
+        let text = stream(&[
+            line("ADDED", pool("p", &["10.0.0.0/30"])),
+            "{\"type\":\"ADDDED\"}".to_owned(),
+            line("ADDED", lb("web")),
+        ]);
+        let error = replay("s.jsonl", text.as_bytes(), &ReplayOptions::default())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "s.jsonl:2: unknown event type \"ADDDED\""
+        );
+
+        struct Seen(Vec<String>, Vec<u64>);
+        impl Observer for Seen {
+            fn line(&mut self, line: u64) {
+                self.1.push(line);
+            }
+            fn skipped(&mut self, error: &StreamError) {
+                self.0.push(error.to_string());
+            }
+        }
+        let mut seen = Seen(Vec::new(), Vec::new());
+        let options = ReplayOptions::default().keep_going(true);
+        let output = replay_with("s.jsonl", text.as_bytes(), &options, &mut seen)
+            .await
+            .unwrap();
+        assert_eq!(seen.0, ["s.jsonl:2: unknown event type \"ADDDED\""]);
+        assert_eq!(seen.1, [1, 3]);
+        assert_eq!(output.skipped.len(), 1);
+        assert_eq!(
+            ips(&output),
+            [("ns/web".to_owned(), vec!["10.0.0.0".to_owned()])]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_writes_are_retried_to_the_same_result() {
+        let mut lines = vec![line("ADDED", pool("p", &["10.0.0.0/24"]))];
+        for n in 0..6 {
+            lines.push(line("ADDED", lb(&format!("s{n}"))));
+        }
+        lines.push(line("DELETED", lb("s2")));
+        let text = stream(&lines);
+        let plain = run(&text, &ReplayOptions::default()).await;
+        let options = ReplayOptions::default()
+            .trace(true)
+            .failures(FailurePlan::every(2));
+        let failing = run(&text, &options).await;
+        assert_eq!(ips(&plain), ips(&failing));
+        let outcomes: Vec<WriteOutcome> = failing
+            .trace
+            .iter()
+            .flat_map(|step| step.writes.iter().map(|w| w.outcome))
+            .collect();
+        assert!(outcomes.contains(&WriteOutcome::Injected));
+        assert!(outcomes.contains(&WriteOutcome::Written));
+        let seeded = ReplayOptions::default().failures(FailurePlan::seeded(3, 50).failed());
+        assert_eq!(ips(&run(&text, &seeded).await), ips(&plain));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn replays_are_byte_identical_and_invariants_hold() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/quickstart.jsonl"
+        ))
+        .unwrap();
+        let options = ReplayOptions::default().trace(true).check_invariants(true);
+        let first = run(&text, &options).await;
+        let second = run(&text, &options).await;
+        assert_eq!(
+            render_json(&first.result).unwrap(),
+            render_json(&second.result).unwrap()
+        );
+        assert_eq!(first.trace, second.trace);
+        assert_eq!(first.violations, Vec::new());
+        // The controller converged: one write per allocation, none echoed.
+        let written = first
+            .trace
+            .iter()
+            .flat_map(|step| &step.writes)
+            .filter(|w| w.outcome == WriteOutcome::Written)
+            .count();
+        assert_eq!(written, first.result.events.len());
+        // A stream spilled to a temporary file replays the same.
+        let mut spilled = options.clone();
+        spilled.spool_memory_bytes = 16;
+        let third = run(&text, &spilled).await;
+        assert_eq!(first.result, third.result);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lb_class_selects_services() {
+        let mut classy = lb("classy");
+        classy["spec"]["loadBalancerClass"] = json!("metallb");
+        let text = stream(&[
+            line("ADDED", pool("p", &["10.0.0.0/30"])),
+            line("ADDED", classy),
+            line("ADDED", lb("plain")),
+        ]);
+        let output = run(&text, &ReplayOptions::default().lb_class("metallb")).await;
+        assert_eq!(
+            ips(&output),
+            [
+                ("ns/classy".to_owned(), vec!["10.0.0.0".to_owned()]),
+                ("ns/plain".to_owned(), vec![]),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_controller_past_the_write_limit_fails_the_replay() {
+        let text = stream(&[
+            line("ADDED", pool("p", &["10.0.0.0/30"])),
+            line("ADDED", lb("web")),
+        ]);
+        let options = ReplayOptions {
+            writes_per_line: 0,
+            writes_per_service: 0,
+            ..ReplayOptions::default()
+        };
+        let error = replay("s.jsonl", text.as_bytes(), &options)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "s.jsonl:2: the controller made more than 0 status writes for this line \
+             without becoming idle: it does not converge"
+        );
+    }
+
+    #[test]
+    fn blocking_replay_runs_its_own_runtime() {
+        let text = stream(&[line("ADDED", pool("p", &["10.0.0.0/30"]))]);
+        let output =
+            replay_blocking("s", text.as_bytes(), &ReplayOptions::default(), &mut ()).unwrap();
+        assert_eq!(output.result.pools.len(), 1);
+    }
+}

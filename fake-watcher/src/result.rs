@@ -1,0 +1,191 @@
+//! The result of a replay (REPLAY.md §3) and its per-line trace.
+//!
+//! Field order is the documented key order: serializing a [`ReplayResult`]
+//! gives the §3 document.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::client::{EventRecord, WriteRecord};
+
+/// The §3 result document.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayResult {
+    /// Every Service of type LoadBalancer in the store, sorted by key.
+    pub services: Vec<ServiceResult>,
+    /// Every Event the controller emitted, in order.
+    pub events: Vec<EventRecord>,
+    /// Every accepted pool, sorted by name.
+    pub pools: Vec<PoolResult>,
+    /// Every rejected pool, sorted by name.
+    pub rejected_pools: Vec<RejectedPoolResult>,
+}
+
+/// One LoadBalancer Service at the end of the replay.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceResult {
+    /// `namespace/name`.
+    pub key: String,
+    /// `status.loadBalancer.ingress[].ip`, in order.
+    pub ips: Vec<String>,
+    /// The `metallb.io/ip-allocated-from-pool` annotation.
+    pub pool: Option<String>,
+}
+
+/// One accepted pool's counters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolResult {
+    pub name: String,
+    pub ipv4: FamilyResult,
+    pub ipv6: FamilyResult,
+}
+
+/// One family's counters of a pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FamilyResult {
+    /// Usable addresses (after avoidBuggyIPs).
+    pub total: Count,
+    /// Addresses in use; a shared address counts once.
+    pub assigned: Count,
+}
+
+/// One rejected pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectedPoolResult {
+    pub name: String,
+    /// The reason, as logged.
+    pub reason: String,
+}
+
+/// A count of addresses: a JSON integer below 2^53, a decimal string from
+/// there up (JSON readers lose precision past 2^53 - 1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Count(pub u128);
+
+/// The largest count written as a JSON integer.
+pub const MAX_SAFE_INTEGER: u128 = (1 << 53) - 1;
+
+impl Serialize for Count {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match u64::try_from(self.0) {
+            Ok(small) if self.0 <= MAX_SAFE_INTEGER => serializer.serialize_u64(small),
+            _ => serializer.collect_str(&self.0),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct CountVisitor;
+
+        impl Visitor<'_> for CountVisitor {
+            type Value = Count;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a non-negative integer or a decimal string")
+            }
+
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<Count, E> {
+                Ok(Count(u128::from(value)))
+            }
+
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<Count, E> {
+                u128::try_from(value)
+                    .map(Count)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(value), &self))
+            }
+
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<Count, E> {
+                value
+                    .parse()
+                    .map(Count)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Str(value), &self))
+            }
+        }
+
+        deserializer.deserialize_any(CountVisitor)
+    }
+}
+
+impl fmt::Display for Count {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// One applied line of a replay, for snapshot tests.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceStep {
+    /// The line number; 0 for a pool from `--config`.
+    pub line: u64,
+    pub event: TraceEvent,
+    /// The controller's status writes while the line was processed.
+    pub writes: Vec<WriteRecord>,
+    /// The Events emitted while the line was processed.
+    pub events: Vec<EventRecord>,
+    /// What every Service holds once the manager is idle, sorted by key.
+    pub holdings: Vec<HoldingRecord>,
+    /// Errors the subscriber chain returned for the line's event.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+    /// DESIGN.md §6 invariants broken after the line (when checked).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub violations: Vec<String>,
+}
+
+/// The event of a [`TraceStep`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceEvent {
+    /// `ADDED`, `MODIFIED`, `DELETED` or `SYNCED`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// The object's kind (none for SYNCED).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The object's key (none for SYNCED).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// What one Service holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldingRecord {
+    pub key: String,
+    /// IPv4 first.
+    pub ips: Vec<IpAddr>,
+    pub pool: String,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )]
+
+    use super::*;
+
+    #[test]
+    fn counts_past_2_pow_53_are_strings() {
+        let counts = [
+            Count(0),
+            Count(MAX_SAFE_INTEGER),
+            Count(MAX_SAFE_INTEGER + 1),
+            Count(u128::MAX),
+        ];
+        let json = serde_json::to_string(&counts).unwrap();
+        assert_eq!(
+            json,
+            "[0,9007199254740991,\"9007199254740992\",\"340282366920938463463374607431768211455\"]"
+        );
+        let back: Vec<Count> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, counts);
+        assert!(serde_json::from_str::<Count>("-1").is_err());
+        assert!(serde_json::from_str::<Count>("\"x\"").is_err());
+    }
+}

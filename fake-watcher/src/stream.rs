@@ -1,0 +1,929 @@
+//! Reading a replay stream (REPLAY.md §1): one line at a time, never the
+//! whole stream; blank lines and `#` comments skipped; every other line
+//! decoded into a [`WatchEvent`] or a [`StreamError`] that names the file, the
+//! line and the reason.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::io::{self, BufRead, Write};
+
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use subscriber::{IPAddressPool, POOL_API_VERSION, POOL_KIND};
+
+use crate::store::StoreError;
+
+/// The longest line a stream may have, newline included (256 MiB). An API
+/// server stores objects of at most a few MiB; a longer line is an error, so
+/// that a file without newlines cannot exhaust memory.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 256 << 20;
+
+/// The namespace of a Service that names none, as kubectl would create it.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// A line that stops the replay (or, with `--keep-going`, is skipped):
+/// displayed as `FILE:LINE: reason`.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}:{line}: {error}")]
+pub struct StreamError {
+    /// The stream's name as the user gave it (`<stdin>` for standard input).
+    pub file: String,
+    /// The 1-based line number.
+    pub line: u64,
+    /// What is wrong with the line.
+    pub error: LineError,
+}
+
+impl StreamError {
+    /// Whether reading cannot go on after this error (the stream itself
+    /// failed), even with `--keep-going`.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self.error, LineError::Io(_))
+    }
+}
+
+/// What is wrong with one line of a stream.
+#[derive(Debug, thiserror::Error)]
+pub enum LineError {
+    /// The stream could not be read.
+    #[error("cannot read: {0}")]
+    Io(#[source] io::Error),
+    /// The line is longer than the limit.
+    #[error("line is longer than {limit} bytes")]
+    TooLong {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The line is not UTF-8.
+    #[error("not valid UTF-8 (at byte {offset})")]
+    Utf8 {
+        /// 0-based offset of the first invalid byte.
+        offset: usize,
+    },
+    /// The line is not JSON (a line cut off midway is one too).
+    #[error("not JSON: {message} at column {column}")]
+    Json {
+        /// serde_json's reason, without its position.
+        message: String,
+        /// 1-based column of the error.
+        column: usize,
+    },
+    /// The line is JSON but not an object.
+    #[error("not a JSON object")]
+    NotAnObject,
+    /// The event has no `type`.
+    #[error("event has no \"type\"")]
+    MissingType,
+    /// The event's `type` is not a string.
+    #[error("event \"type\" is not a string")]
+    TypeNotString,
+    /// The event's `type` is none of ADDED, MODIFIED, DELETED, SYNCED, BOOKMARK.
+    #[error("unknown event type {0:?}")]
+    UnknownType(String),
+    /// An ADDED, MODIFIED or DELETED event without an object.
+    #[error("{event_type} event has no \"object\"")]
+    MissingObject {
+        /// The event's type.
+        event_type: EventType,
+    },
+    /// The event's `object` is not a JSON object.
+    #[error("event \"object\" is not a JSON object")]
+    ObjectNotAnObject,
+    /// The object has no `apiVersion` or `kind` (or not a string).
+    #[error("object has no {field:?} string")]
+    MissingTypeField {
+        /// `apiVersion` or `kind`.
+        field: &'static str,
+    },
+    /// The object's JSON shape does not fit its kind.
+    #[error("{kind}{} does not decode: {}{message}", key_text(.key), path_text(.path))]
+    Shape {
+        /// The object's kind.
+        kind: Kind,
+        /// The object's key where it could be read.
+        key: Option<String>,
+        /// Where in the object, e.g. `spec.ports[0].port`; empty for the top.
+        path: String,
+        /// serde's reason.
+        message: String,
+    },
+    /// The object has no (or an empty) `metadata.name`.
+    #[error("{kind} has no metadata.name")]
+    MissingName {
+        /// The object's kind.
+        kind: Kind,
+    },
+    /// The replay store refused the write (as an API server would).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn key_text(key: &Option<String>) -> String {
+    key.as_ref()
+        .map(|key| format!(" {key:?}"))
+        .unwrap_or_default()
+}
+
+fn path_text(path: &str) -> String {
+    if path.is_empty() {
+        String::new()
+    } else {
+        format!("{path}: ")
+    }
+}
+
+/// The kinds a stream may carry (REPLAY.md §1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `v1` / `Service`.
+    Service,
+    /// `metallb.io/v1beta1` / `IPAddressPool`.
+    Pool,
+    /// `v1` / `Namespace`.
+    Namespace,
+}
+
+impl Kind {
+    /// The kind's `apiVersion` and `kind` fields together identify it.
+    pub fn of(api_version: &str, kind: &str) -> Option<Kind> {
+        match (api_version, kind) {
+            ("v1", "Service") => Some(Kind::Service),
+            ("v1", "Namespace") => Some(Kind::Namespace),
+            (POOL_API_VERSION, POOL_KIND) => Some(Kind::Pool),
+            _ => None,
+        }
+    }
+
+    /// The `kind` field's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::Pool => POOL_KIND,
+            Kind::Namespace => "Namespace",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `type` of a watch event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+    Synced,
+    Bookmark,
+}
+
+impl EventType {
+    /// Parses the `type` field.
+    pub fn parse(text: &str) -> Option<EventType> {
+        match text {
+            "ADDED" => Some(EventType::Added),
+            "MODIFIED" => Some(EventType::Modified),
+            "DELETED" => Some(EventType::Deleted),
+            "SYNCED" => Some(EventType::Synced),
+            "BOOKMARK" => Some(EventType::Bookmark),
+            _ => None,
+        }
+    }
+
+    /// The `type` field's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+            EventType::Synced => "SYNCED",
+            EventType::Bookmark => "BOOKMARK",
+        }
+    }
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One decoded line.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WatchEvent {
+    /// The object is created (or, if it exists, updated).
+    Added(Object),
+    /// The object is updated (or, if unknown, created).
+    Modified(Object),
+    /// The object is deleted.
+    Deleted(ObjectRef),
+    /// The initial list is complete.
+    Synced,
+    /// Ignored.
+    Bookmark,
+    /// An object of a kind the replay does not know: skipped.
+    Skipped {
+        /// Its `apiVersion`.
+        api_version: String,
+        /// Its `kind`.
+        kind: String,
+    },
+}
+
+impl WatchEvent {
+    /// The event's type (`ADDED` for a skipped object whatever its type was).
+    pub fn event_type(&self) -> EventType {
+        match self {
+            WatchEvent::Added(_) | WatchEvent::Skipped { .. } => EventType::Added,
+            WatchEvent::Modified(_) => EventType::Modified,
+            WatchEvent::Deleted(_) => EventType::Deleted,
+            WatchEvent::Synced => EventType::Synced,
+            WatchEvent::Bookmark => EventType::Bookmark,
+        }
+    }
+}
+
+/// An object of a known kind, decoded.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    /// A Service, its namespace defaulted to `default`.
+    Service {
+        service: Box<Service>,
+        /// The line's object has a `status` key (a MODIFIED replaces the
+        /// stored status only then).
+        has_status: bool,
+    },
+    /// An address pool.
+    Pool(Box<IPAddressPool>),
+    /// A Namespace.
+    Namespace(Box<Namespace>),
+}
+
+impl Object {
+    /// The object's kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Service { .. } => Kind::Service,
+            Object::Pool(_) => Kind::Pool,
+            Object::Namespace(_) => Kind::Namespace,
+        }
+    }
+
+    /// `namespace/name` for a Service, the name otherwise.
+    pub fn key(&self) -> String {
+        match self {
+            Object::Service { service, .. } => service_key_of(&service.metadata),
+            Object::Pool(pool) => pool.metadata.name.clone().unwrap_or_default(),
+            Object::Namespace(namespace) => namespace.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// What a DELETED event names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectRef {
+    pub kind: Kind,
+    pub name: String,
+    /// For a Service, its namespace (`default` when the object names none).
+    pub namespace: Option<String>,
+}
+
+impl ObjectRef {
+    /// `namespace/name` for a Service, the name otherwise.
+    pub fn key(&self) -> String {
+        match (&self.kind, &self.namespace) {
+            (Kind::Service, Some(namespace)) => format!("{namespace}/{}", self.name),
+            (Kind::Service, None) => format!("{DEFAULT_NAMESPACE}/{}", self.name),
+            _ => self.name.clone(),
+        }
+    }
+}
+
+/// A Service's key from its metadata, with the namespace defaulted.
+pub(crate) fn service_key_of(
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> String {
+    let namespace = metadata
+        .namespace
+        .as_deref()
+        .filter(|namespace| !namespace.is_empty())
+        .unwrap_or(DEFAULT_NAMESPACE);
+    format!(
+        "{namespace}/{}",
+        metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// One event line of a stream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    /// The 1-based line number.
+    pub line: u64,
+    pub event: WatchEvent,
+}
+
+/// Reads a stream one line at a time and yields its event lines.
+///
+/// After an I/O error it yields nothing more; after any other error it goes
+/// on with the next line. Objects of an unknown kind are yielded as
+/// [`WatchEvent::Skipped`], with one warning per kind logged.
+pub struct StreamReader<R> {
+    file: String,
+    reader: R,
+    line: u64,
+    max_line_bytes: usize,
+    buf: Vec<u8>,
+    warned: HashSet<(String, String)>,
+    done: bool,
+}
+
+impl<R: BufRead> StreamReader<R> {
+    /// Reads `reader`, named `file` in errors.
+    pub fn new(file: impl Into<String>, reader: R) -> Self {
+        Self {
+            file: file.into(),
+            reader,
+            line: 0,
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            buf: Vec::new(),
+            warned: HashSet::new(),
+            done: false,
+        }
+    }
+
+    /// Sets the longest line allowed (default [`DEFAULT_MAX_LINE_BYTES`]).
+    #[must_use]
+    pub fn max_line_bytes(mut self, limit: usize) -> Self {
+        self.max_line_bytes = limit;
+        self
+    }
+
+    /// The stream's name.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// The number of the last line read (0 before the first).
+    pub fn line(&self) -> u64 {
+        self.line
+    }
+
+    fn error(&self, error: LineError) -> StreamError {
+        StreamError {
+            file: self.file.clone(),
+            line: self.line,
+            error,
+        }
+    }
+
+    /// The next event line, `None` at the end of the stream.
+    pub fn next_record(&mut self) -> Option<Result<Record, StreamError>> {
+        while !self.done {
+            let read = read_raw_line(
+                &mut self.reader,
+                &mut self.buf,
+                self.max_line_bytes,
+                &mut io::sink(),
+            );
+            let raw = match read {
+                Ok(RawLine::Eof) => {
+                    self.done = true;
+                    return None;
+                }
+                Ok(raw) => raw,
+                Err(error) => {
+                    self.done = true;
+                    self.line = self.line.saturating_add(1);
+                    return Some(Err(self.error(LineError::Io(error))));
+                }
+            };
+            self.line = self.line.saturating_add(1);
+            if raw == RawLine::TooLong {
+                let limit = self.max_line_bytes;
+                return Some(Err(self.error(LineError::TooLong { limit })));
+            }
+            let text = match line_text(&self.buf, self.line == 1) {
+                Ok(Some(text)) => text,
+                Ok(None) => continue,
+                Err(error) => return Some(Err(self.error(error))),
+            };
+            let event = match decode_event(text) {
+                Ok(event) => event,
+                Err(error) => return Some(Err(self.error(error))),
+            };
+            if let WatchEvent::Skipped { api_version, kind } = &event {
+                if self.warned.insert((api_version.clone(), kind.clone())) {
+                    tracing::warn!(
+                        file = %self.file,
+                        line = self.line,
+                        %api_version,
+                        %kind,
+                        "skipping objects of a kind the replay does not know"
+                    );
+                }
+            }
+            return Some(Ok(Record {
+                line: self.line,
+                event,
+            }));
+        }
+        None
+    }
+}
+
+impl<R: BufRead> Iterator for StreamReader<R> {
+    type Item = Result<Record, StreamError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_record()
+    }
+}
+
+/// How [`read_raw_line`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RawLine {
+    /// Nothing was left.
+    Eof,
+    /// A line (with its newline, unless it is the last) is in the buffer.
+    Line,
+    /// The line was longer than the limit: it was read to its end, copied,
+    /// but not kept.
+    TooLong,
+}
+
+/// Reads one line into `buf` (cleared first) and copies its bytes to `copy`.
+/// A line longer than `limit` bytes is consumed without being kept.
+pub(crate) fn read_raw_line<R: BufRead + ?Sized>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    limit: usize,
+    copy: &mut dyn Write,
+) -> io::Result<RawLine> {
+    buf.clear();
+    let mut any = false;
+    let mut too_long = false;
+    loop {
+        let available = match reader.fill_buf() {
+            Ok(available) => available,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => return Err(error),
+        };
+        if available.is_empty() {
+            break;
+        }
+        any = true;
+        let (chunk, end) = match available.iter().position(|&byte| byte == b'\n') {
+            Some(at) => (available.get(..=at).unwrap_or(available), true),
+            None => (available, false),
+        };
+        copy.write_all(chunk)?;
+        if !too_long {
+            if buf.len().saturating_add(chunk.len()) > limit {
+                too_long = true;
+                *buf = Vec::new();
+            } else {
+                buf.extend_from_slice(chunk);
+            }
+        }
+        let used = chunk.len();
+        reader.consume(used);
+        if end {
+            break;
+        }
+    }
+    Ok(match (any, too_long) {
+        (false, _) => RawLine::Eof,
+        (true, true) => RawLine::TooLong,
+        (true, false) => RawLine::Line,
+    })
+}
+
+/// The text of a raw line without its line ending (and, on the first line,
+/// without a UTF-8 byte order mark); `None` for a blank or comment line.
+pub(crate) fn line_text(raw: &[u8], first: bool) -> Result<Option<&str>, LineError> {
+    let text = std::str::from_utf8(raw).map_err(|error| LineError::Utf8 {
+        offset: error.valid_up_to(),
+    })?;
+    let text = text.strip_suffix('\n').unwrap_or(text);
+    let text = text.strip_suffix('\r').unwrap_or(text);
+    let text = if first {
+        text.strip_prefix('\u{feff}').unwrap_or(text)
+    } else {
+        text
+    };
+    let content = text.trim_start();
+    if content.is_empty() || content.starts_with('#') {
+        return Ok(None);
+    }
+    Ok(Some(text))
+}
+
+/// Whether a raw line is a `SYNCED` event, exactly as [`decode_event`] would
+/// decide; cheap for every other line.
+pub(crate) fn is_synced_line(raw: &[u8], first: bool) -> bool {
+    // A SYNCED line names SYNCED, literally or through an escape.
+    let candidate = raw.windows(6).any(|window| window == b"SYNCED")
+        || raw.windows(2).any(|window| window == b"\\u");
+    if !candidate {
+        return false;
+    }
+    let Ok(Some(text)) = line_text(raw, first) else {
+        return false;
+    };
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => {
+            matches!(map.get("type"), Some(Value::String(t)) if t == "SYNCED")
+        }
+        _ => false,
+    }
+}
+
+/// Decodes one event line (already known not to be a comment).
+pub fn decode_event(text: &str) -> Result<WatchEvent, LineError> {
+    let value: Value = serde_json::from_str(text).map_err(|error| json_error(&error))?;
+    let Value::Object(mut event) = value else {
+        return Err(LineError::NotAnObject);
+    };
+    let event_type = match event.get("type") {
+        None | Some(Value::Null) => return Err(LineError::MissingType),
+        Some(Value::String(text)) => {
+            EventType::parse(text).ok_or_else(|| LineError::UnknownType(text.clone()))?
+        }
+        Some(_) => return Err(LineError::TypeNotString),
+    };
+    match event_type {
+        EventType::Synced => return Ok(WatchEvent::Synced),
+        EventType::Bookmark => return Ok(WatchEvent::Bookmark),
+        EventType::Added | EventType::Modified | EventType::Deleted => {}
+    }
+    let object = match event.remove("object") {
+        None | Some(Value::Null) => return Err(LineError::MissingObject { event_type }),
+        Some(Value::Object(object)) => object,
+        Some(_) => return Err(LineError::ObjectNotAnObject),
+    };
+    let api_version = type_field(&object, "apiVersion")?;
+    let kind_name = type_field(&object, "kind")?;
+    let Some(kind) = Kind::of(&api_version, &kind_name) else {
+        return Ok(WatchEvent::Skipped {
+            api_version,
+            kind: kind_name,
+        });
+    };
+    Ok(match event_type {
+        EventType::Deleted => WatchEvent::Deleted(decode_ref(kind, object)?),
+        EventType::Modified => WatchEvent::Modified(decode_object(kind, object)?),
+        _ => WatchEvent::Added(decode_object(kind, object)?),
+    })
+}
+
+/// serde_json's message without its ` at line L column C` suffix, and the column.
+fn json_error(error: &serde_json::Error) -> LineError {
+    let message = error.to_string();
+    let suffix = format!(" at line {} column {}", error.line(), error.column());
+    let message = match message.strip_suffix(&suffix) {
+        Some(stripped) => stripped.to_owned(),
+        None => message,
+    };
+    LineError::Json {
+        message,
+        column: error.column(),
+    }
+}
+
+fn type_field(object: &Map<String, Value>, field: &'static str) -> Result<String, LineError> {
+    match object.get(field) {
+        Some(Value::String(text)) if !text.is_empty() => Ok(text.clone()),
+        _ => Err(LineError::MissingTypeField { field }),
+    }
+}
+
+/// `namespace/name` (Services) or the name, read loosely for error messages.
+fn key_hint(kind: Kind, object: &Map<String, Value>) -> Option<String> {
+    let metadata = object.get("metadata")?.as_object()?;
+    let name = metadata.get("name")?.as_str()?;
+    match kind {
+        Kind::Service => {
+            let namespace = metadata
+                .get("namespace")
+                .and_then(Value::as_str)
+                .filter(|namespace| !namespace.is_empty())
+                .unwrap_or(DEFAULT_NAMESPACE);
+            Some(format!("{namespace}/{name}"))
+        }
+        Kind::Pool | Kind::Namespace => Some(name.to_owned()),
+    }
+}
+
+fn decode_as<T: DeserializeOwned>(kind: Kind, object: Map<String, Value>) -> Result<T, LineError> {
+    let key = key_hint(kind, &object);
+    serde_path_to_error::deserialize(Value::Object(object)).map_err(|error| {
+        let path = error.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        LineError::Shape {
+            kind,
+            key,
+            path,
+            message: error.into_inner().to_string(),
+        }
+    })
+}
+
+fn require_name(kind: Kind, name: Option<&str>) -> Result<(), LineError> {
+    match name {
+        Some(name) if !name.is_empty() => Ok(()),
+        _ => Err(LineError::MissingName { kind }),
+    }
+}
+
+fn decode_object(kind: Kind, object: Map<String, Value>) -> Result<Object, LineError> {
+    match kind {
+        Kind::Service => {
+            let has_status = object.contains_key("status");
+            let mut service: Service = decode_as(kind, object)?;
+            require_name(kind, service.metadata.name.as_deref())?;
+            let namespace = &mut service.metadata.namespace;
+            if namespace.as_deref().is_none_or(str::is_empty) {
+                *namespace = Some(DEFAULT_NAMESPACE.to_owned());
+            }
+            Ok(Object::Service {
+                service: Box::new(service),
+                has_status,
+            })
+        }
+        Kind::Pool => {
+            let pool: IPAddressPool = decode_as(kind, object)?;
+            require_name(kind, pool.metadata.name.as_deref())?;
+            Ok(Object::Pool(Box::new(pool)))
+        }
+        Kind::Namespace => {
+            let namespace: Namespace = decode_as(kind, object)?;
+            require_name(kind, namespace.metadata.name.as_deref())?;
+            Ok(Object::Namespace(Box::new(namespace)))
+        }
+    }
+}
+
+/// What a DELETED event needs of its object; the rest may be anything.
+#[derive(Deserialize)]
+struct RefObject {
+    #[serde(default)]
+    metadata: Option<RefMetadata>,
+}
+
+#[derive(Deserialize)]
+struct RefMetadata {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+}
+
+fn decode_ref(kind: Kind, object: Map<String, Value>) -> Result<ObjectRef, LineError> {
+    let decoded: RefObject = decode_as(kind, object)?;
+    let metadata = decoded.metadata.unwrap_or(RefMetadata {
+        name: None,
+        namespace: None,
+    });
+    require_name(kind, metadata.name.as_deref())?;
+    let namespace = match kind {
+        Kind::Service => Some(
+            metadata
+                .namespace
+                .filter(|namespace| !namespace.is_empty())
+                .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
+        ),
+        Kind::Pool | Kind::Namespace => None,
+    };
+    Ok(ObjectRef {
+        kind,
+        name: metadata.name.unwrap_or_default(),
+        namespace,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )]
+
+    use super::*;
+
+    fn errors(text: &str) -> Vec<String> {
+        StreamReader::new("stream.jsonl", text.as_bytes())
+            .filter_map(Result::err)
+            .map(|error| error.to_string())
+            .collect()
+    }
+
+    fn events(text: &str) -> Vec<Record> {
+        StreamReader::new("s", text.as_bytes())
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    #[test]
+    fn comments_and_blank_lines_are_skipped_and_counted() {
+        let text = "# a comment\n\n   \n  # indented\r\n{\"type\":\"SYNCED\"}\r\n{\"type\":\"BOOKMARK\",\"object\":{}}";
+        let records = events(text);
+        assert_eq!(
+            records,
+            vec![
+                Record {
+                    line: 5,
+                    event: WatchEvent::Synced
+                },
+                Record {
+                    line: 6,
+                    event: WatchEvent::Bookmark
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn byte_order_mark_on_the_first_line_is_ignored() {
+        let records = events("\u{feff}{\"type\":\"SYNCED\"}\n");
+        assert_eq!(records.len(), 1);
+    }
+
+    #[test]
+    fn each_bad_line_names_its_line_and_reason() {
+        let text = concat!(
+            "# header\n",
+            "not json\n",
+            "[1, 2]\n",
+            "{\"object\": {}}\n",
+            "{\"type\": 3}\n",
+            "{\"type\": \"ADDDED\", \"object\": {}}\n",
+            "{\"type\": \"ADDED\"}\n",
+            "{\"type\": \"MODIFIED\", \"object\": null}\n",
+            "{\"type\": \"ADDED\", \"object\": []}\n",
+            "{\"type\": \"ADDED\", \"object\": {\"kind\": \"Service\"}}\n",
+            "{\"type\": \"ADDED\", \"object\": {\"apiVersion\": \"v1\"}}\n",
+            "{\"type\": \"ADDED\", \"object\": {\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": {\"namespace\": \"a\"}}}\n",
+            "{\"type\": \"ADDED\", \"object\": {\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": {\"name\": \"web\"}, \"spec\": {\"ports\": \"80\"}}}\n",
+            "{\"type\": \"ADDED\", \"object\": {\"apiVersion\": \"metallb.io/v1beta1\", \"kind\": \"IPAddressPool\", \"metadata\": {\"name\": \"p\"}, \"spec\": {\"addresses\": \"10.0.0.0/24\"}}}\n",
+            "{\"type\": \"DELETED\", \"object\": {\"apiVersion\": \"v1\", \"kind\": \"Namespace\", \"metadata\": {}}}\n",
+            "{\"type\": \"DELETED\", \"object\": {\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": {\"name\": 5}}}\n",
+            "{\"type\": \"ADDED\", \"object\": {\"apiVersion\": \"v1\", \"kind\": \"Service\", \"metadata\": {\"name\": \"\"}}}\n",
+            "{\"type\": \"ADDED\", \"object\": {\"apiVersion\": \"v1\", \"kind\": \"Service\", \"spec\": {}}}\n",
+            "{\"type\": \"ADDED\", \"object\": {\"apiVersion\": \"v1\", \"kind\": \"Namespace\", \"metadata\": {\"name\": \"x\", \"labels\": [\"a\"]}}}\n",
+            "{\"type\": \"ADDED\", \"obj",
+        );
+        assert_eq!(
+            errors(text),
+            vec![
+                "stream.jsonl:2: not JSON: expected ident at column 2",
+                "stream.jsonl:3: not a JSON object",
+                "stream.jsonl:4: event has no \"type\"",
+                "stream.jsonl:5: event \"type\" is not a string",
+                "stream.jsonl:6: unknown event type \"ADDDED\"",
+                "stream.jsonl:7: ADDED event has no \"object\"",
+                "stream.jsonl:8: MODIFIED event has no \"object\"",
+                "stream.jsonl:9: event \"object\" is not a JSON object",
+                "stream.jsonl:10: object has no \"apiVersion\" string",
+                "stream.jsonl:11: object has no \"kind\" string",
+                "stream.jsonl:12: Service has no metadata.name",
+                "stream.jsonl:13: Service \"default/web\" does not decode: spec.ports: invalid type: string \"80\", expected a sequence",
+                "stream.jsonl:14: IPAddressPool \"p\" does not decode: spec.addresses: invalid type: string \"10.0.0.0/24\", expected a sequence",
+                "stream.jsonl:15: Namespace has no metadata.name",
+                "stream.jsonl:16: Service does not decode: metadata.name: invalid type: integer `5`, expected a string",
+                "stream.jsonl:17: Service has no metadata.name",
+                "stream.jsonl:18: Service has no metadata.name",
+                "stream.jsonl:19: Namespace \"x\" does not decode: metadata.labels: invalid type: sequence, expected a map",
+                "stream.jsonl:20: not JSON: EOF while parsing a string at column 22",
+            ]
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_is_an_error_with_its_line() {
+        let mut text = b"{\"type\":\"SYNCED\"}\n# caf".to_vec();
+        text.extend_from_slice(&[0xe9, b'\n']);
+        text.extend_from_slice(b"{\"type\":\"SYNCED\"}\n");
+        let results: Vec<_> = StreamReader::new("s.jsonl", text.as_slice()).collect();
+        assert_eq!(results.len(), 3);
+        assert_eq!(
+            results[1].as_ref().unwrap_err().to_string(),
+            "s.jsonl:2: not valid UTF-8 (at byte 5)"
+        );
+        assert_eq!(results[2].as_ref().unwrap().line, 3);
+    }
+
+    #[test]
+    fn a_line_over_the_limit_is_skipped_whole() {
+        let text = format!(
+            "{{\"type\":\"SYNCED\",\"pad\":\"{}\"}}\n{{\"type\":\"SYNCED\"}}\n",
+            "x".repeat(100)
+        );
+        let results: Vec<_> = StreamReader::new("s", text.as_bytes())
+            .max_line_bytes(64)
+            .collect();
+        assert_eq!(
+            results[0].as_ref().unwrap_err().to_string(),
+            "s:1: line is longer than 64 bytes"
+        );
+        assert_eq!(results[1].as_ref().unwrap().line, 2);
+    }
+
+    #[test]
+    fn unknown_kinds_are_skipped_not_errors() {
+        let text = "{\"type\":\"ADDED\",\"object\":{\"apiVersion\":\"apps/v1\",\"kind\":\"Deployment\",\"spec\":7}}\n\
+                    {\"type\":\"DELETED\",\"object\":{\"apiVersion\":\"metallb.io/v1beta2\",\"kind\":\"IPAddressPool\"}}\n";
+        let records = events(text);
+        assert_eq!(
+            records[0].event,
+            WatchEvent::Skipped {
+                api_version: "apps/v1".into(),
+                kind: "Deployment".into()
+            }
+        );
+        assert!(matches!(records[1].event, WatchEvent::Skipped { .. }));
+    }
+
+    #[test]
+    fn services_default_to_namespace_default_and_remember_status() {
+        let text = "{\"type\":\"ADDED\",\"object\":{\"apiVersion\":\"v1\",\"kind\":\"Service\",\"metadata\":{\"name\":\"web\"},\"status\":null}}\n\
+                    {\"type\":\"MODIFIED\",\"object\":{\"apiVersion\":\"v1\",\"kind\":\"Service\",\"metadata\":{\"name\":\"db\",\"namespace\":\"prod\"}}}\n\
+                    {\"type\":\"DELETED\",\"object\":{\"apiVersion\":\"v1\",\"kind\":\"Service\",\"metadata\":{\"name\":\"web\"},\"spec\":\"junk\"}}\n";
+        let records = events(text);
+        let WatchEvent::Added(added) = &records[0].event else {
+            panic!("{:?}", records[0])
+        };
+        assert_eq!(added.key(), "default/web");
+        assert!(matches!(
+            added,
+            Object::Service {
+                has_status: true,
+                ..
+            }
+        ));
+        let WatchEvent::Modified(modified) = &records[1].event else {
+            panic!("{:?}", records[1])
+        };
+        assert_eq!(modified.key(), "prod/db");
+        assert!(matches!(
+            modified,
+            Object::Service {
+                has_status: false,
+                ..
+            }
+        ));
+        let WatchEvent::Deleted(deleted) = &records[2].event else {
+            panic!("{:?}", records[2])
+        };
+        assert_eq!(deleted.key(), "default/web");
+    }
+
+    #[test]
+    fn synced_detection_agrees_with_decoding() {
+        for (line, synced) in [
+            ("{\"type\":\"SYNCED\"}\n", true),
+            ("  {\"object\": 1, \"type\" : \"SYNCED\"}", true),
+            ("{\"type\":\"SYNC\\u0045D\"}\n", true),
+            ("{\"type\":\"ADDED\",\"type\":\"SYNCED\"}\n", true),
+            ("{\"type\":\"SYNCED\",\"type\":\"ADDED\"}\n", false),
+            ("# {\"type\":\"SYNCED\"}\n", false),
+            ("{\"type\":\"SYNCED\"\n", false),
+            (
+                "{\"type\":\"MODIFIED\",\"object\":{\"x\":\"SYNCED\"}}\n",
+                false,
+            ),
+        ] {
+            assert_eq!(is_synced_line(line.as_bytes(), false), synced, "{line}");
+            let decoded = line_text(line.as_bytes(), false)
+                .ok()
+                .flatten()
+                .map(decode_event);
+            assert_eq!(
+                matches!(decoded, Some(Ok(WatchEvent::Synced))),
+                synced,
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn io_errors_stop_the_stream() {
+        struct Failing;
+        impl io::Read for Failing {
+            fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+                Err(io::Error::other("disk on fire"))
+            }
+        }
+        let results: Vec<_> = StreamReader::new("s", io::BufReader::new(Failing)).collect();
+        assert_eq!(results.len(), 1);
+        let error = results[0].as_ref().unwrap_err();
+        assert!(error.is_fatal());
+        assert_eq!(error.to_string(), "s:1: cannot read: disk on fire");
+    }
+}

@@ -1,0 +1,229 @@
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fake-watcher");
+
+fn quickstart() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart.jsonl")
+}
+
+fn run(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input
+        .write_all(stdin.unwrap_or_default().as_bytes())
+        .unwrap();
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+const POOL: &str = r#"{"type":"ADDED","object":{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{"name":"p"},"spec":{"addresses":["10.0.0.0/31"]}}}"#;
+
+fn service(name: &str) -> String {
+    format!(
+        r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"{name}"}},"spec":{{"type":"LoadBalancer"}}}}}}"#
+    )
+}
+
+#[test]
+fn quickstart_prints_a_kubectl_like_table() {
+    let output = run(&["replay", quickstart().to_str().unwrap()], None);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(
+        stdout(&output),
+        "\
+NAMESPACE   NAME      EXTERNAL-IP     POOL      WARNING
+infra       dns-tcp   192.168.10.2    default
+infra       dns-udp   192.168.10.2    default
+shop        cache     192.168.10.1    default
+shop        db        192.168.10.50   default
+"
+    );
+    assert_eq!(stderr(&output), "");
+}
+
+#[test]
+fn json_and_yaml_are_the_result_document() {
+    let path = quickstart();
+    let json = run(
+        &["replay", path.to_str().unwrap(), "--output", "json"],
+        None,
+    );
+    assert_eq!(json.status.code(), Some(0));
+    let document: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let keys: Vec<&String> = document.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["events", "pools", "rejected_pools", "services"]);
+    assert!(stdout(&json).starts_with("{\n  \"services\": [\n"));
+    assert_eq!(document["pools"][0]["ipv4"]["total"], 254);
+
+    let yaml = run(&["replay", path.to_str().unwrap(), "-o", "yaml"], None);
+    assert_eq!(yaml.status.code(), Some(0));
+    let from_yaml: serde_json::Value = serde_yaml_ng::from_slice(&yaml.stdout).unwrap();
+    assert_eq!(from_yaml, document);
+}
+
+#[test]
+fn standard_input_is_dash() {
+    let stream = format!("{POOL}\n{}\n", service("web"));
+    let output = run(&["replay", "-", "-o", "json"], Some(&stream));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let document: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(document["services"][0]["key"], "default/web");
+    assert_eq!(document["services"][0]["ips"][0], "10.0.0.0");
+}
+
+#[test]
+fn a_bad_line_stops_with_status_2_and_nothing_on_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = format!("{POOL}\n{{\"type\":\"ADDDED\"}}\n{}\n", service("web"));
+    let path = write(&dir, "bad.jsonl", &stream);
+    let output = run(&["replay", &path], None);
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(stdout(&output), "");
+    assert_eq!(
+        stderr(&output),
+        format!("{path}:2: unknown event type \"ADDDED\"\n")
+    );
+
+    let output = run(&["replay", &path, "--keep-going"], None);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stdout(&output).contains("default     web    10.0.0.0"),
+        "{}",
+        stdout(&output)
+    );
+    assert_eq!(
+        stderr(&output),
+        format!("{path}:2: unknown event type \"ADDDED\"\n")
+    );
+}
+
+#[test]
+fn a_stream_cut_off_midway_names_its_last_line() {
+    let stream = format!("{POOL}\n{}", &service("web")[..40]);
+    let output = run(&["replay", "-"], Some(&stream));
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).starts_with("<stdin>:2: not JSON: EOF while parsing"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn unknown_kinds_warn_once() {
+    let deployment = r#"{"type":"ADDED","object":{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"d"}}}"#;
+    let stream = format!("{deployment}\n{deployment}\n");
+    let output = run(&["replay", "-"], Some(&stream));
+    assert_eq!(output.status.code(), Some(0));
+    let warnings = stderr(&output).matches("Deployment").count();
+    assert_eq!(warnings, 1, "{}", stderr(&output));
+    assert!(stderr(&output).contains("No LoadBalancer services found."));
+    assert_eq!(stdout(&output), "");
+}
+
+#[test]
+fn legacy_config_and_lb_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        &dir,
+        "metallb.yaml",
+        "address-pools:\n- name: legacy\n  protocol: layer2\n  addresses: [10.9.0.0/24]\n",
+    );
+    let classy = service("classy").replace(
+        "\"type\":\"LoadBalancer\"",
+        "\"type\":\"LoadBalancer\",\"loadBalancerClass\":\"x\"",
+    );
+    let stream = format!("{}\n{classy}\n", service("web"));
+    let output = run(&["replay", "-", "--config", &config], Some(&stream));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(
+        stdout(&output),
+        "\
+NAMESPACE   NAME     EXTERNAL-IP   POOL     WARNING
+default     classy   <pending>     <none>
+default     web      10.9.0.0      legacy
+"
+    );
+    let output = run(
+        &["replay", "-", "--config", &config, "--lb-class", "x"],
+        Some(&stream),
+    );
+    assert!(
+        stdout(&output).contains("default     classy   10.9.0.0"),
+        "{}",
+        stdout(&output)
+    );
+
+    let bad = write(
+        &dir,
+        "bad.yaml",
+        "address-pools:\n- name: a\n  addresses: 7\n",
+    );
+    let output = run(&["replay", "-", "--config", &bad], Some(""));
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).starts_with(&format!("{bad}: address-pools[0] (\"a\"): addresses:")),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn bad_usage_and_missing_files_are_status_2() {
+    for args in [
+        &["replay"][..],
+        &["replay", "-", "--output", "xml"],
+        &["frobnicate"],
+    ] {
+        let output = run(args, Some(""));
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert_eq!(stdout(&output), "");
+    }
+    let output = run(&["replay", "/nonexistent/stream.jsonl"], None);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr(&output).starts_with("/nonexistent/stream.jsonl: cannot open: "));
+}
+
+#[test]
+fn warnings_show_in_the_last_column() {
+    let stream = format!(
+        "{POOL}\n{}\n{}\n{}\n",
+        service("a"),
+        service("b"),
+        service("c")
+    );
+    let output = run(&["replay", "-"], Some(&stream));
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        stdout(&output),
+        "\
+NAMESPACE   NAME   EXTERNAL-IP   POOL     WARNING
+default     a      10.0.0.0      p
+default     b      10.0.0.1      p
+default     c      <pending>     <none>   AllocationFailed
+"
+    );
+}
