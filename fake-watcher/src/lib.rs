@@ -16,6 +16,7 @@
 
 mod client;
 mod config;
+pub mod corpus;
 mod lookahead;
 mod output;
 mod replay;

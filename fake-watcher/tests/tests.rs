@@ -9,3 +9,6 @@
 
 // The `fake-watcher replay` command: output formats, exit statuses, stderr.
 mod cli;
+
+// The snapshot corpus of streams: every rule of DESIGN.md §4 end to end.
+mod corpus;
