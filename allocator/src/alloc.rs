@@ -59,11 +59,16 @@ pub struct PoolChange {
     pub released: Vec<Released>,
 }
 
-/// A pool object as given, in creation order.
+/// A pool object as given.
 #[derive(Debug)]
 struct PoolObject {
     name: String,
     parsed: Result<Pool, PoolError>,
+    /// `metadata.creationTimestamp` (RFC 3339, which sorts as text), if known.
+    created: Option<String>,
+    /// Arrival order: the creation order of pools without a timestamp, and
+    /// the tie-break of equal ones.
+    seq: u64,
 }
 
 /// Sharing key and backend key: the services one address may stack.
@@ -154,8 +159,9 @@ struct Held {
 /// deterministic, and every method is total (no panic on any input).
 #[derive(Debug, Default)]
 pub struct Allocator {
-    /// Every pool object, in creation order.
+    /// Every pool object, in creation order (see [`PoolObject::created`]).
     objects: Vec<PoolObject>,
+    next_seq: u64,
     /// Accepted pools by name.
     pools: BTreeMap<Arc<str>, PoolState>,
     /// Rejected pools by name, with the reason.
@@ -181,14 +187,41 @@ impl Allocator {
     /// Adds or replaces the pool `name` (a replaced pool keeps its creation
     /// position) and recomputes which pools are accepted.
     pub fn set_pool(&mut self, name: &str, spec: &IPAddressPoolSpec) -> PoolChange {
+        self.set_pool_created(name, spec, None)
+    }
+
+    /// [`Allocator::set_pool`] for a pool whose `metadata.creationTimestamp`
+    /// is known: pools are ordered by it (so the older of two overlapping
+    /// pools stays whatever order a host lists them in), pools without one
+    /// after those with one, in arrival order.
+    pub fn set_pool_created(
+        &mut self,
+        name: &str,
+        spec: &IPAddressPoolSpec,
+        created: Option<&str>,
+    ) -> PoolChange {
         let parsed = Pool::parse(name, spec);
         match self.objects.iter_mut().find(|object| object.name == name) {
-            Some(object) => object.parsed = parsed,
-            None => self.objects.push(PoolObject {
-                name: name.to_owned(),
-                parsed,
-            }),
+            Some(object) => {
+                object.parsed = parsed;
+                if created.is_some() {
+                    object.created = created.map(str::to_owned);
+                }
+            }
+            None => {
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                self.objects.push(PoolObject {
+                    name: name.to_owned(),
+                    parsed,
+                    created: created.map(str::to_owned),
+                    seq,
+                });
+            }
         }
+        self.objects.sort_by(|a, b| {
+            (a.created.is_none(), &a.created, a.seq).cmp(&(b.created.is_none(), &b.created, b.seq))
+        });
         self.recompute_pools()
     }
 

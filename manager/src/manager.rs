@@ -484,9 +484,12 @@ impl<C: Controller> Manager<C> {
             }
         }
         self.inner.controller.mark_synced();
-        kept.append(&mut release);
-        kept.append(&mut nothing);
-        self.with_state(|state| state.finish_sync(kept));
+        // Those that had to release first, then those without addresses,
+        // then those that kept theirs (a PreferDualStack one completing its
+        // missing family gets nothing before the ones left without).
+        release.append(&mut nothing);
+        release.append(&mut kept);
+        self.with_state(|state| state.finish_sync(release));
         tracing::info!("sync passes done");
         true
     }
@@ -582,9 +585,11 @@ impl<C: Controller> ServiceHandler for Manager<C> {
     async fn on_delete_service(&self, service: &Service) -> Result<(), Error> {
         let key = service_key(service)?;
         let forget = key.clone();
-        // Forgotten now, so a re-created Service is new at its next event.
+        // Forgotten now, so a re-created Service is new at its next event
+        // (first seen and waiting afresh).
         self.push(QueueKey::Service(key), |state| {
             state.first_seen.remove(&forget);
+            state.waiting.remove(&forget);
         });
         Ok(())
     }
@@ -927,10 +932,10 @@ mod tests {
                 "restore ns/s3",
                 "restore ns/s4",
                 "synced",
-                "svc ns/s3",
-                "svc ns/s4",
                 "svc ns/s2",
                 "svc ns/s1",
+                "svc ns/s3",
+                "svc ns/s4",
             ]
         );
         h.cancel.cancel();

@@ -71,9 +71,10 @@ pub struct ControllerStats {
 #[derive(Debug, Default)]
 struct State {
     allocator: Allocator,
-    /// The last Warning emitted per Service: the same failure again is not
+    /// The last Warning emitted per Service (with its uid, so a re-created
+    /// Service is announced afresh): the same failure again is not
     /// announced again.
-    last_warning: HashMap<String, (String, String)>,
+    last_warning: HashMap<String, (String, String, String)>,
     namespace_labels: HashMap<String, BTreeMap<String, String>>,
 }
 
@@ -363,7 +364,16 @@ impl AllocatingController {
                     }
                 } else {
                     match state.allocator.allocate(&request) {
-                        Ok(holding) => events.push(allocated_event(&holding)),
+                        Ok(holding) => {
+                            // One family of a PreferDualStack Service: it
+                            // waits for the other (§4.3).
+                            if matches!(families, FamilyPolicy::PreferDual { .. })
+                                && holding.ips.len() == 1
+                            {
+                                sync_state = SyncState::Waiting;
+                            }
+                            events.push(allocated_event(&holding));
+                        }
                         Err(error) => {
                             sync_state = SyncState::Waiting;
                             warning = Some(failed_event(key, &error.to_string()));
@@ -377,7 +387,8 @@ impl AllocatingController {
         let mut warned = false;
         match warning {
             Some(event) => {
-                let signature = (event.reason.clone(), event.message.clone());
+                let uid = service.metadata.uid.clone().unwrap_or_default();
+                let signature = (uid, event.reason.clone(), event.message.clone());
                 if state.last_warning.get(key) != Some(&signature) {
                     state.last_warning.insert(key.to_owned(), signature);
                     events.push(event);
@@ -399,17 +410,21 @@ impl AllocatingController {
         let write = (desired_strings != status_strings
             || pool_annotation(service) != desired.pool.as_deref())
         .then_some(desired);
-        if write.is_some() {
-            for old_key in &view.deprecated {
-                events.push(event(
-                    EventType::Warning,
-                    reason::DEPRECATED_ANNOTATION,
-                    format!(
-                        "annotation {old_key:?} is deprecated, use {:?}",
-                        old_key.replace("metallb.universe.tf/", "metallb.io/")
-                    ),
-                ));
-            }
+        if write.is_some() && !view.deprecated.is_empty() {
+            // One event per write, naming every old-prefix annotation.
+            let advice: Vec<String> = view
+                .deprecated
+                .iter()
+                .map(|old| {
+                    let new = old.replace("metallb.universe.tf/", "metallb.io/");
+                    format!("annotation {old:?} is deprecated, use {new:?}")
+                })
+                .collect();
+            events.push(event(
+                EventType::Warning,
+                reason::DEPRECATED_ANNOTATION,
+                advice.join("; "),
+            ));
         }
 
         let mut outcome = SyncOutcome::new(sync_state);
@@ -447,10 +462,16 @@ impl AllocatingController {
     fn plan_not_ours(&self, state: &mut State, key: &str, service: &Service) -> Plan {
         let released = state.allocator.release(key);
         state.last_warning.remove(key);
+        // What we wrote is cleared when we held it, or (after a restart)
+        // when the Service is no LoadBalancer at all any more; a
+        // LoadBalancer of another class belongs to its own host.
+        let is_load_balancer =
+            service.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer");
         let ours_written = pool_annotation(service).is_some();
-        let write = (released.is_some() || ours_written)
-            .then(ServiceWrite::default)
-            .filter(|_| ours_written || !status_ip_strings(service).is_empty());
+        let anything_written = ours_written || !status_ip_strings(service).is_empty();
+        let write = (anything_written
+            && (released.is_some() || (ours_written && !is_load_balancer)))
+            .then(ServiceWrite::default);
         let mut outcome = SyncOutcome::success();
         outcome.wake_waiting = released.is_some();
         Plan {
@@ -548,19 +569,32 @@ impl Controller for AllocatingController {
     }
 
     async fn set_pool(&self, name: &str, pool: Option<&IPAddressPool>) -> SyncOutcome {
-        let (change, rejected) = {
+        let (change, before, after) = {
             let mut state = self.lock();
+            let before = state.allocator.rejected_pools();
             let change = match pool {
-                Some(pool) => state.allocator.set_pool(name, &pool.spec),
+                Some(pool) => {
+                    let created = pool
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0.to_string());
+                    state
+                        .allocator
+                        .set_pool_created(name, &pool.spec, created.as_deref())
+                }
                 None => state.allocator.remove_pool(name),
             };
-            (change, state.allocator.rejected_pools())
+            (change, before, state.allocator.rejected_pools())
         };
-        for rejected in &rejected {
-            if rejected.name == name {
-                self.pool_rejections.fetch_add(1, Ordering::Relaxed);
-                warn!(pool = %rejected.name, reason = %rejected.reason, "pool rejected");
-            }
+        // Count every pool this change left rejected anew (or for a new
+        // reason), the changed one or another it now overlaps.
+        for rejected in after
+            .iter()
+            .filter(|r| !before.contains(r) || r.name == name)
+        {
+            self.pool_rejections.fetch_add(1, Ordering::Relaxed);
+            warn!(pool = %rejected.name, reason = %rejected.reason, "pool rejected");
         }
         for released in &change.released {
             info!(key = %released.key, reason = %released.reason, "pool change releases addresses");

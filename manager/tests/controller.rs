@@ -1,0 +1,2544 @@
+//! The Manager and the AllocatingController together, against an in-memory
+//! client that writes into the shared cache and echoes every write back as a
+//! watch would: one or more tests for every rule of DESIGN.md §4 and §5.
+//!
+//! Each module is named after the section it covers; every step of a test
+//! waits for the manager to be idle and checks the controller's invariants
+//! (DESIGN.md §6).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Namespace, Service};
+use manager::{
+    AllocatingController, Client, ClientError, ControllerConfig, DashMapStore, Event, EventType,
+    Manager, ManagerConfig, ServiceWrite, POOL_ANNOTATION,
+};
+use serde_json::{json, Value};
+use subscriber::{IPAddressPool, NamespaceHandler, PoolHandler, ServiceHandler};
+use tokio_util::sync::CancellationToken;
+
+// ----- the recording client -----
+
+/// One thing the controller did through the client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Record {
+    Write {
+        key: String,
+        ingress: Vec<String>,
+        pool: Option<String>,
+    },
+    /// A write the client refused (failure injection).
+    FailedWrite { key: String },
+    Event {
+        key: String,
+        event_type: EventType,
+        reason: String,
+        message: String,
+    },
+}
+
+/// Applies writes to the shared cache, echoes them to the manager as
+/// `on_update_service(old, new)`, records writes and events in order, and
+/// fails every `fail_every`th write attempt with a conflict.
+struct RecordingClient {
+    store: Arc<DashMapStore>,
+    manager: Mutex<Option<Manager<AllocatingController>>>,
+    fail_every: Option<u64>,
+    attempts: AtomicU64,
+    log: Mutex<Vec<Record>>,
+}
+
+impl RecordingClient {
+    fn record(&self, record: Record) {
+        self.log.lock().unwrap().push(record);
+    }
+}
+
+#[async_trait]
+impl Client for RecordingClient {
+    async fn write_service(&self, key: &str, write: &ServiceWrite) -> Result<(), ClientError> {
+        let attempt = self.attempts.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.fail_every.is_some_and(|n| attempt % n == 0) {
+            self.record(Record::FailedWrite { key: key.into() });
+            return Err(ClientError::Conflict {
+                key: key.into(),
+                message: "injected conflict".into(),
+            });
+        }
+        let old = self
+            .store
+            .services
+            .get(key)
+            .map(|entry| Arc::clone(entry.value()))
+            .ok_or_else(|| ClientError::NotFound { key: key.into() })?;
+        let mut new = (*old).clone();
+        let ingress: Vec<LoadBalancerIngress> = write
+            .ingress
+            .iter()
+            .map(|ip| LoadBalancerIngress {
+                ip: Some(ip.to_string()),
+                ..Default::default()
+            })
+            .collect();
+        new.status
+            .get_or_insert_with(Default::default)
+            .load_balancer = Some(LoadBalancerStatus {
+            ingress: (!ingress.is_empty()).then_some(ingress),
+        });
+        let annotations = new.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        match &write.pool {
+            Some(pool) => annotations.insert(POOL_ANNOTATION.into(), pool.clone()),
+            None => annotations.remove(POOL_ANNOTATION),
+        };
+        self.store
+            .services
+            .insert(key.into(), Arc::new(new.clone()));
+        self.record(Record::Write {
+            key: key.into(),
+            ingress: write.ingress.iter().map(IpAddr::to_string).collect(),
+            pool: write.pool.clone(),
+        });
+        let manager = self.manager.lock().unwrap().clone();
+        if let Some(manager) = manager {
+            manager.on_update_service(&old, &new).await.unwrap();
+        }
+        Ok(())
+    }
+
+    async fn emit_event(&self, key: &str, event: &Event) -> Result<(), ClientError> {
+        self.record(Record::Event {
+            key: key.into(),
+            event_type: event.event_type,
+            reason: event.reason.clone(),
+            message: event.message.clone(),
+        });
+        Ok(())
+    }
+}
+
+// ----- objects -----
+
+/// A Service under construction, as the JSON a cluster returns.
+#[derive(Clone, Debug)]
+struct Svc(Value);
+
+/// A `type: LoadBalancer`, single-stack IPv4 Service `namespace/name` with
+/// port 80/TCP, externalTrafficPolicy Cluster and selector `app: name`.
+fn svc(key: &str) -> Svc {
+    let (namespace, name) = key.split_once('/').expect("namespace/name");
+    Svc(json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": {
+            "type": "LoadBalancer",
+            "clusterIP": "10.96.0.10",
+            "clusterIPs": ["10.96.0.10"],
+            "ipFamilies": ["IPv4"],
+            "ipFamilyPolicy": "SingleStack",
+            "ports": [{"name": "tcp-80", "port": 80, "protocol": "TCP"}],
+            "selector": {"app": name},
+            "externalTrafficPolicy": "Cluster",
+        },
+    }))
+}
+
+impl Svc {
+    fn key(&self) -> String {
+        let meta = &self.0["metadata"];
+        format!(
+            "{}/{}",
+            meta["namespace"].as_str().unwrap(),
+            meta["name"].as_str().unwrap()
+        )
+    }
+
+    fn set(mut self, path: &[&str], value: Value) -> Self {
+        let mut at = &mut self.0;
+        for part in path {
+            at = &mut at[*part];
+        }
+        *at = value;
+        self
+    }
+
+    fn unset(mut self, path: &[&str]) -> Self {
+        let (last, parents) = path.split_last().unwrap();
+        let mut at = &mut self.0;
+        for part in parents {
+            at = &mut at[*part];
+        }
+        if let Some(object) = at.as_object_mut() {
+            object.remove(*last);
+        }
+        self
+    }
+
+    fn ann(self, key: &str, value: &str) -> Self {
+        self.set(&["metadata", "annotations", key], json!(value))
+    }
+
+    fn no_ann(self, key: &str) -> Self {
+        self.unset(&["metadata", "annotations", key])
+    }
+
+    fn label(self, key: &str, value: &str) -> Self {
+        self.set(&["metadata", "labels", key], json!(value))
+    }
+
+    /// `metallb.io/loadBalancerIPs`.
+    fn request(self, ips: &str) -> Self {
+        self.ann("metallb.io/loadBalancerIPs", ips)
+    }
+
+    /// `metallb.io/address-pool`.
+    fn in_pool(self, pool: &str) -> Self {
+        self.ann("metallb.io/address-pool", pool)
+    }
+
+    /// `metallb.io/allow-shared-ip`.
+    fn shared(self, key: &str) -> Self {
+        self.ann("metallb.io/allow-shared-ip", key)
+    }
+
+    fn ports(self, ports: &[(&str, i32)]) -> Self {
+        let ports: Vec<Value> = ports
+            .iter()
+            .map(|(protocol, port)| {
+                json!({
+                    "name": format!("{}-{port}", protocol.to_lowercase()),
+                    "port": port,
+                    "protocol": protocol,
+                })
+            })
+            .collect();
+        self.set(&["spec", "ports"], json!(ports))
+    }
+
+    /// Sets the cluster IPs, the families they imply and a matching
+    /// ipFamilyPolicy (SingleStack or RequireDualStack).
+    fn cluster_ips(self, ips: &[&str]) -> Self {
+        let families: Vec<&str> = ips
+            .iter()
+            .map(|ip| if ip.contains(':') { "IPv6" } else { "IPv4" })
+            .collect();
+        let policy = if ips.len() > 1 {
+            "RequireDualStack"
+        } else {
+            "SingleStack"
+        };
+        self.set(&["spec", "clusterIP"], json!(ips.first()))
+            .set(&["spec", "clusterIPs"], json!(ips))
+            .set(&["spec", "ipFamilies"], json!(families))
+            .set(&["spec", "ipFamilyPolicy"], json!(policy))
+    }
+
+    fn v6(self) -> Self {
+        self.cluster_ips(&["fd96::10"])
+    }
+
+    /// Dual-stack with `policy`, IPv4 first unless `v6_first`.
+    fn dual(self, policy: &str, v6_first: bool) -> Self {
+        let ips = if v6_first {
+            ["fd96::10", "10.96.0.10"]
+        } else {
+            ["10.96.0.10", "fd96::10"]
+        };
+        self.cluster_ips(&ips)
+            .set(&["spec", "ipFamilyPolicy"], json!(policy))
+    }
+
+    fn headless(self) -> Self {
+        self.set(&["spec", "clusterIP"], json!("None"))
+            .set(&["spec", "clusterIPs"], json!(["None"]))
+    }
+
+    fn class(self, class: &str) -> Self {
+        self.set(&["spec", "loadBalancerClass"], json!(class))
+    }
+
+    fn kind(self, type_: &str) -> Self {
+        self.set(&["spec", "type"], json!(type_))
+    }
+
+    fn lb_ip(self, ip: &str) -> Self {
+        self.set(&["spec", "loadBalancerIP"], json!(ip))
+    }
+
+    /// externalTrafficPolicy Local with selector `app: app`.
+    fn local(self, app: &str) -> Self {
+        self.set(&["spec", "externalTrafficPolicy"], json!("Local"))
+            .set(&["spec", "selector"], json!({ "app": app }))
+    }
+
+    fn status(self, ips: &[&str]) -> Self {
+        let ingress: Vec<Value> = ips.iter().map(|ip| json!({ "ip": ip })).collect();
+        self.set(&["status", "loadBalancer", "ingress"], json!(ingress))
+    }
+
+    /// What a previous run of the controller wrote: status and pool annotation.
+    fn held(self, ips: &[&str], pool: &str) -> Self {
+        self.status(ips).ann(POOL_ANNOTATION, pool)
+    }
+
+    fn build(&self) -> Service {
+        serde_json::from_value(self.0.clone()).unwrap()
+    }
+}
+
+/// A pool spec with these addresses.
+fn addrs(addresses: &[&str]) -> Value {
+    json!({ "addresses": addresses })
+}
+
+// ----- the harness -----
+
+/// A store, the recording client, the controller and a started manager.
+struct Harness {
+    store: Arc<DashMapStore>,
+    client: Arc<RecordingClient>,
+    controller: Arc<AllocatingController>,
+    manager: Manager<AllocatingController>,
+    cancel: CancellationToken,
+    synced: AtomicBool,
+    /// Records already returned by `take`.
+    read: AtomicUsize,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        // Break the client → manager → controller → client cycle.
+        if let Ok(mut manager) = self.client.manager.lock() {
+            manager.take();
+        }
+    }
+}
+
+impl Harness {
+    fn new() -> Self {
+        Self::with(ControllerConfig::default(), None)
+    }
+
+    fn with(config: ControllerConfig, fail_every: Option<u64>) -> Self {
+        let store = Arc::new(DashMapStore::default());
+        let client = Arc::new(RecordingClient {
+            store: Arc::clone(&store),
+            manager: Mutex::new(None),
+            fail_every,
+            attempts: AtomicU64::new(0),
+            log: Mutex::new(Vec::new()),
+        });
+        let controller = Arc::new(AllocatingController::new(
+            store.clone(),
+            client.clone(),
+            config,
+        ));
+        let manager = Manager::new(
+            store.clone(),
+            Arc::clone(&controller),
+            ManagerConfig::default().retry_base(Duration::from_millis(1)),
+        );
+        *client.manager.lock().unwrap() = Some(manager.clone());
+        let cancel = CancellationToken::new();
+        drop(manager.start(cancel.clone()));
+        Self {
+            store,
+            client,
+            controller,
+            manager,
+            cancel,
+            synced: AtomicBool::new(false),
+            read: AtomicUsize::new(0),
+        }
+    }
+
+    /// A synced harness with these pools.
+    async fn with_pools(pools: &[(&str, Value)]) -> Self {
+        let h = Self::new();
+        for (name, spec) in pools {
+            h.pool(name, spec.clone()).await;
+        }
+        h.sync().await;
+        h
+    }
+
+    /// Marks the manager synced and waits for the sync passes.
+    async fn sync(&self) {
+        self.manager.mark_synced();
+        self.synced.store(true, Ordering::SeqCst);
+        self.settle().await;
+    }
+
+    /// After sync: waits until the manager is idle and checks the invariants.
+    async fn settle(&self) {
+        if !self.synced.load(Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+            return;
+        }
+        tokio::time::timeout(Duration::from_secs(600), self.manager.idle())
+            .await
+            .expect("the manager never became idle");
+        if let Err(problems) = self.controller.check_invariants() {
+            panic!("invariants violated: {problems:#?}");
+        }
+    }
+
+    fn service(&self, key: &str) -> Option<Arc<Service>> {
+        self.store
+            .services
+            .get(key)
+            .map(|entry| Arc::clone(entry.value()))
+    }
+
+    /// Adds the Service, or updates it if the key exists.
+    async fn add(&self, svc: Svc) {
+        let service = svc.build();
+        let old = self
+            .store
+            .services
+            .insert(svc.key(), Arc::new(service.clone()));
+        match old {
+            Some(old) => self.manager.on_update_service(&old, &service).await,
+            None => self.manager.on_add_service(&service).await,
+        }
+        .unwrap();
+        self.settle().await;
+    }
+
+    /// Updates the Service as a user would: `f` edits the stored object
+    /// (status and annotations the controller wrote included).
+    async fn edit(&self, key: &str, f: impl FnOnce(Svc) -> Svc) {
+        let current = self.service(key).expect("no such service");
+        let svc = f(Svc(serde_json::to_value(&*current).unwrap()));
+        assert_eq!(svc.key(), key);
+        self.add(svc).await;
+    }
+
+    /// Deletes the Service and creates it again as `svc` before the worker
+    /// has seen the delete (the two events reach the queue back to back).
+    async fn recreate(&self, svc: Svc) {
+        let key = svc.key();
+        let (_, old) = self.store.services.remove(&key).expect("no such service");
+        self.manager.on_delete_service(&old).await.unwrap();
+        let mut service = svc.build();
+        // A re-created object has a new uid, as the API server gives it.
+        service.metadata.uid = Some(format!(
+            "{}-recreated",
+            old.metadata.uid.clone().unwrap_or_default()
+        ));
+        self.store.services.insert(key, Arc::new(service.clone()));
+        self.manager.on_add_service(&service).await.unwrap();
+        self.settle().await;
+    }
+
+    async fn delete(&self, key: &str) {
+        let (_, old) = self.store.services.remove(key).expect("no such service");
+        self.manager.on_delete_service(&old).await.unwrap();
+        self.settle().await;
+    }
+
+    /// Adds or updates the pool `name`.
+    async fn pool(&self, name: &str, spec: Value) {
+        self.pool_created(name, "2024-01-01T00:00:00Z", spec).await;
+    }
+
+    /// Adds or updates the pool `name`, created at `created` (RFC 3339).
+    async fn pool_created(&self, name: &str, created: &str, spec: Value) {
+        let pool: IPAddressPool = serde_json::from_value(json!({
+            "apiVersion": "metallb.io/v1beta1",
+            "kind": "IPAddressPool",
+            "metadata": {"name": name, "namespace": "metallb-system", "creationTimestamp": created},
+            "spec": spec,
+        }))
+        .unwrap();
+        let old = self.store.pools.insert(name.into(), Arc::new(pool.clone()));
+        match old {
+            Some(old) => self.manager.on_update_pool(&old, &pool).await,
+            None => self.manager.on_add_pool(&pool).await,
+        }
+        .unwrap();
+        self.settle().await;
+    }
+
+    async fn delete_pool(&self, name: &str) {
+        let (_, old) = self.store.pools.remove(name).expect("no such pool");
+        self.manager.on_delete_pool(&old).await.unwrap();
+        self.settle().await;
+    }
+
+    /// Adds or updates the Namespace `name` with these labels.
+    async fn namespace(&self, name: &str, labels: &[(&str, &str)]) {
+        let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+        let namespace: Namespace = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels},
+        }))
+        .unwrap();
+        let old = self
+            .store
+            .namespaces
+            .insert(name.into(), Arc::new(namespace.clone()));
+        match old {
+            Some(old) => self.manager.on_update_namespace(&old, &namespace).await,
+            None => self.manager.on_add_namespace(&namespace).await,
+        }
+        .unwrap();
+        self.settle().await;
+    }
+
+    /// The records since the last call.
+    fn take(&self) -> Vec<Record> {
+        let log = self.client.log.lock().unwrap();
+        let from = self.read.swap(log.len(), Ordering::SeqCst);
+        log[from..].to_vec()
+    }
+
+    /// Every record so far.
+    fn all(&self) -> Vec<Record> {
+        self.client.log.lock().unwrap().clone()
+    }
+
+    /// `"10.0.0.1 fd00::1 @pool"` from the Service's status and pool
+    /// annotation, `"none"` when it has neither.
+    fn status(&self, key: &str) -> String {
+        let service = self.service(key).expect("no such service");
+        let ips: Vec<String> = service
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
+            .unwrap_or_default();
+        let pool = service
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(POOL_ANNOTATION))
+            .cloned();
+        match (ips.is_empty(), pool) {
+            (true, None) => "none".to_owned(),
+            (_, pool) => format!("{} @{}", ips.join(" "), pool.as_deref().unwrap_or("-")),
+        }
+    }
+
+    fn waiting(&self) -> Vec<String> {
+        self.manager.waiting_keys()
+    }
+
+    fn reconciliations(&self) -> u64 {
+        self.controller.stats().reconciliations
+    }
+}
+
+/// `"key Type Reason"` of every event.
+fn events(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Event {
+                key,
+                event_type,
+                reason,
+                ..
+            } => Some(format!("{key} {event_type} {reason}")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `"key Reason: message"` of every event.
+fn messages(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Event {
+                key,
+                reason,
+                message,
+                ..
+            } => Some(format!("{key} {reason}: {message}")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `"key <- ips @pool"` of every successful write.
+fn writes(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Write { key, ingress, pool } => Some(format!(
+                "{key} <- {} @{}",
+                ingress.join(" "),
+                pool.as_deref().unwrap_or("-")
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Writes and events, compactly, in order.
+fn log(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .map(|r| match r {
+            Record::Write { .. } => writes(std::slice::from_ref(r)).remove(0),
+            Record::FailedWrite { key } => format!("{key} <- FAILED"),
+            Record::Event { .. } => events(std::slice::from_ref(r)).remove(0),
+        })
+        .collect()
+}
+
+// ----- DESIGN.md §4.1: which Services -----
+
+mod s4_1_which_services {
+    use super::*;
+
+    #[tokio::test]
+    async fn services_that_are_not_load_balancers_are_ignored() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.3"]))]).await;
+        h.add(svc("ns/cip").kind("ClusterIP")).await;
+        h.add(svc("ns/np").kind("NodePort")).await;
+        h.add(svc("ns/ext").kind("ExternalName")).await;
+        assert!(h.take().is_empty());
+        assert!(h.controller.holdings().is_empty());
+        h.add(svc("ns/lb")).await;
+        assert_eq!(h.status("ns/lb"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/cip"), "none");
+    }
+
+    #[tokio::test]
+    async fn leaving_load_balancer_releases_clears_status_and_annotation_without_event() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1"]))]).await;
+        h.add(svc("ns/a")).await;
+        h.add(svc("ns/w")).await;
+        assert_eq!(h.status("ns/a"), "10.0.0.1 @a");
+        assert_eq!(h.waiting(), ["ns/w"]);
+        h.take();
+
+        h.edit("ns/a", |s| s.kind("ClusterIP")).await;
+        // Cleared without any event for `a`; the release wakes `w` (§4.6).
+        assert_eq!(
+            log(&h.take()),
+            [
+                "ns/a <-  @-",
+                "ns/w <- 10.0.0.1 @a",
+                "ns/w Normal IPAllocated"
+            ]
+        );
+        assert_eq!(h.status("ns/a"), "none");
+        let a = h.service("ns/a").unwrap();
+        assert!(!a
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|an| an.contains_key(POOL_ANNOTATION)));
+        assert_eq!(h.status("ns/w"), "10.0.0.1 @a");
+
+        // Back to LoadBalancer: a new Service again, waiting now.
+        h.edit("ns/a", |s| s.kind("LoadBalancer")).await;
+        assert_eq!(events(&h.take()), ["ns/a Warning AllocationFailed"]);
+        assert_eq!(h.waiting(), ["ns/a"]);
+    }
+
+    #[tokio::test]
+    async fn changing_the_class_releases_like_a_type_change() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.3"]))]).await;
+        h.add(svc("ns/a")).await;
+        h.take();
+        h.edit("ns/a", |s| s.class("other")).await;
+        assert_eq!(log(&h.take()), ["ns/a <-  @-"]);
+        assert!(h.controller.holdings().is_empty());
+        assert_eq!(h.status("ns/a"), "none");
+    }
+
+    #[tokio::test]
+    async fn a_host_with_a_class_handles_exactly_that_class() {
+        let h = Harness::with(ControllerConfig::default().lb_class("x"), None);
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.3"])).await;
+        h.sync().await;
+        h.add(svc("ns/none")).await;
+        h.add(svc("ns/y").class("y")).await;
+        assert!(h.take().is_empty());
+        h.add(svc("ns/x").class("x")).await;
+        assert_eq!(
+            log(&h.take()),
+            ["ns/x <- 10.0.0.1 @a", "ns/x Normal IPAllocated"]
+        );
+        // x → y: released and cleared, no event.
+        h.edit("ns/x", |s| s.class("y")).await;
+        assert_eq!(log(&h.take()), ["ns/x <-  @-"]);
+        assert!(h.controller.holdings().is_empty());
+        // none → x: now ours.
+        h.edit("ns/none", |s| s.class("x")).await;
+        assert_eq!(h.status("ns/none"), "10.0.0.1 @a");
+    }
+
+    #[tokio::test]
+    async fn a_host_without_a_class_handles_only_services_without_one() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.3"]))]).await;
+        h.add(svc("ns/x").class("x")).await;
+        assert!(h.take().is_empty());
+        h.add(svc("ns/plain")).await;
+        assert_eq!(h.status("ns/plain"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/x"), "none");
+    }
+
+    // Two hosts with different classes share the annotation name: a host
+    // must not clear the status the other class's host wrote (§4.1).
+    #[tokio::test]
+    async fn a_service_of_another_class_keeps_the_status_its_own_host_wrote() {
+        let h = Harness::with(ControllerConfig::default().lb_class("x"), None);
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.3"])).await;
+        h.sync().await;
+        h.add(svc("ns/y").class("y").held(&["10.0.0.1"], "other"))
+            .await;
+        assert_eq!(log(&h.take()), Vec::<String>::new());
+        assert_eq!(h.status("ns/y"), "10.0.0.1 @other");
+    }
+
+    #[tokio::test]
+    async fn a_service_of_another_class_with_a_foreign_status_is_left_alone() {
+        // Without our annotation the status is not ours to clear.
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.3"]))]).await;
+        h.add(svc("ns/y").class("y").status(&["10.0.0.1"])).await;
+        assert!(h.take().is_empty());
+        h.add(svc("ns/mine")).await;
+        assert_eq!(h.status("ns/mine"), "10.0.0.1 @a");
+    }
+}
+
+// ----- DESIGN.md §4.2: what a Service may ask for -----
+
+mod s4_2_requests {
+    use super::*;
+
+    async fn two_pools() -> Harness {
+        Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1-10.0.0.5", "fd00::1-fd00::5"])),
+            (
+                "b",
+                json!({"addresses": ["10.0.1.1-10.0.1.3"], "autoAssign": false}),
+            ),
+        ])
+        .await
+    }
+
+    #[tokio::test]
+    async fn load_balancer_ips_annotation_is_taken_exactly() {
+        let h = two_pools().await;
+        h.add(svc("ns/a").request(" 10.0.0.3 ")).await;
+        assert_eq!(h.status("ns/a"), "10.0.0.3 @a");
+        assert_eq!(events(&h.take()), ["ns/a Normal IPAllocated"]);
+    }
+
+    #[tokio::test]
+    async fn the_old_prefix_is_accepted_with_a_deprecation_warning() {
+        let h = two_pools().await;
+        h.add(svc("ns/a").ann("metallb.universe.tf/loadBalancerIPs", "10.0.0.3"))
+            .await;
+        assert_eq!(h.status("ns/a"), "10.0.0.3 @a");
+        assert_eq!(
+            messages(&h.take()),
+            [
+                "ns/a IPAllocated: Assigned IP [\"10.0.0.3\"]",
+                "ns/a DeprecatedAnnotation: annotation \"metallb.universe.tf/loadBalancerIPs\" \
+                 is deprecated, use \"metallb.io/loadBalancerIPs\""
+            ]
+        );
+        h.add(svc("ns/p").ann("metallb.universe.tf/address-pool", "b"))
+            .await;
+        assert_eq!(h.status("ns/p"), "10.0.1.1 @b");
+        assert_eq!(
+            events(&h.take()),
+            [
+                "ns/p Normal IPAllocated",
+                "ns/p Warning DeprecatedAnnotation"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_new_prefix_wins_and_an_overridden_old_one_is_not_reported() {
+        let h = two_pools().await;
+        h.add(
+            svc("ns/a")
+                .ann("metallb.universe.tf/loadBalancerIPs", "10.0.0.3")
+                .request("10.0.0.2")
+                .ann("metallb.universe.tf/address-pool", "b")
+                .in_pool("a"),
+        )
+        .await;
+        assert_eq!(h.status("ns/a"), "10.0.0.2 @a");
+        assert_eq!(events(&h.take()), ["ns/a Normal IPAllocated"]);
+    }
+
+    #[tokio::test]
+    async fn deprecated_annotation_is_announced_once_per_write_and_only_on_writes() {
+        let h = two_pools().await;
+        h.add(svc("ns/a").ann("metallb.universe.tf/allow-shared-ip", "k"))
+            .await;
+        assert_eq!(
+            log(&h.take()),
+            [
+                "ns/a <- 10.0.0.1 @a",
+                "ns/a Normal IPAllocated",
+                "ns/a Warning DeprecatedAnnotation"
+            ]
+        );
+        // No write, no deprecation event.
+        h.edit("ns/a", |s| s.label("x", "y")).await;
+        h.edit("ns/a", |s| s.ports(&[("TCP", 81)])).await;
+        assert!(h.take().is_empty());
+        // The next write announces it again, once.
+        h.edit("ns/a", |s| s.request("10.0.0.4")).await;
+        assert_eq!(
+            log(&h.take()),
+            [
+                "ns/a <- 10.0.0.4 @a",
+                "ns/a Normal ClearAssignment",
+                "ns/a Normal IPAllocated",
+                "ns/a Warning DeprecatedAnnotation"
+            ]
+        );
+    }
+
+    // §4.2: one DeprecatedAnnotation event per write, however many
+    // old-prefix annotations are in effect.
+    #[tokio::test]
+    async fn two_old_prefix_annotations_give_one_deprecation_event_per_write() {
+        let h = two_pools().await;
+        h.add(
+            svc("ns/a")
+                .ann("metallb.universe.tf/allow-shared-ip", "k")
+                .ann("metallb.universe.tf/address-pool", "a"),
+        )
+        .await;
+        assert_eq!(
+            events(&h.take()),
+            [
+                "ns/a Normal IPAllocated",
+                "ns/a Warning DeprecatedAnnotation"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn spec_load_balancer_ip_is_a_request() {
+        let h = two_pools().await;
+        h.add(svc("ns/a").lb_ip("10.0.0.5")).await;
+        assert_eq!(h.status("ns/a"), "10.0.0.5 @a");
+        // In a pool without autoAssign too (§4.4 step 2).
+        h.add(svc("ns/b").lb_ip("10.0.1.2")).await;
+        assert_eq!(h.status("ns/b"), "10.0.1.2 @b");
+    }
+
+    #[tokio::test]
+    async fn invalid_requests_are_load_balancer_failed_and_get_nothing() {
+        let h = two_pools().await;
+        h.add(svc("ns/both").request("10.0.0.1").lb_ip("10.0.0.1"))
+            .await;
+        h.add(svc("ns/garbage").request("10.0.0.x")).await;
+        h.add(svc("ns/spec-garbage").lb_ip("nope")).await;
+        h.add(svc("ns/two-v4").request("10.0.0.1, 10.0.0.2")).await;
+        h.add(svc("ns/two-v6").request("fd00::1,fd00::2")).await;
+        let records = h.take();
+        assert!(writes(&records).is_empty());
+        assert_eq!(
+            events(&records),
+            [
+                "ns/both Warning LoadBalancerFailed",
+                "ns/garbage Warning LoadBalancerFailed",
+                "ns/spec-garbage Warning LoadBalancerFailed",
+                "ns/two-v4 Warning LoadBalancerFailed",
+                "ns/two-v6 Warning LoadBalancerFailed"
+            ]
+        );
+        let messages = messages(&records);
+        assert!(messages[0]
+            .contains("both the metallb.io/loadBalancerIPs annotation and spec.loadBalancerIP"));
+        assert!(messages[1].contains("\"10.0.0.x\" is not an IP address"));
+        assert!(messages[2].contains("spec.loadBalancerIP: \"nope\""));
+        assert!(messages[3].contains("more than one IPv4 address"));
+        assert!(messages[4].contains("more than one IPv6 address"));
+        // An invalid request is not waiting (§4.6).
+        assert!(h.waiting().is_empty());
+        assert!(h.controller.holdings().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_holder_keeps_its_addresses_on_an_invalid_request() {
+        let h = two_pools().await;
+        h.add(svc("ns/a")).await;
+        h.take();
+        h.edit("ns/a", |s| s.request("10.0.0.1,10.0.0.2")).await;
+        assert_eq!(log(&h.take()), ["ns/a Warning LoadBalancerFailed"]);
+        assert_eq!(h.status("ns/a"), "10.0.0.1 @a");
+        assert!(h.waiting().is_empty());
+        // Another invalid request: another warning, still kept.
+        h.edit("ns/a", |s| s.request("bad")).await;
+        assert_eq!(log(&h.take()), ["ns/a Warning LoadBalancerFailed"]);
+        assert_eq!(h.status("ns/a"), "10.0.0.1 @a");
+        // Nobody else can take it meanwhile.
+        h.add(svc("ns/b").request("10.0.0.1")).await;
+        assert_eq!(events(&h.take()), ["ns/b Warning AllocationFailed"]);
+        // A valid request again: moved exactly.
+        h.edit("ns/a", |s| s.request("10.0.0.2")).await;
+        assert_eq!(h.status("ns/a"), "10.0.0.2 @a");
+        assert_eq!(
+            events(&h.take()),
+            [
+                "ns/a Normal ClearAssignment",
+                "ns/a Normal IPAllocated",
+                // `b` waited for 10.0.0.1, which `a` just released (§4.6).
+                "ns/b Normal IPAllocated"
+            ]
+        );
+        assert_eq!(h.status("ns/b"), "10.0.0.1 @a");
+    }
+
+    #[tokio::test]
+    async fn requested_addresses_of_the_wrong_family_fail() {
+        let h = two_pools().await;
+        h.add(svc("ns/v4-asks-v6").request("fd00::1")).await;
+        h.add(svc("ns/v6-asks-v4").v6().lb_ip("10.0.0.1")).await;
+        // A dual-stack Service that requests must request one of each.
+        h.add(
+            svc("ns/dual-asks-one")
+                .dual("RequireDualStack", false)
+                .request("10.0.0.2"),
+        )
+        .await;
+        h.add(
+            svc("ns/prefer-asks-one")
+                .dual("PreferDualStack", false)
+                .request("10.0.0.2"),
+        )
+        .await;
+        let records = h.take();
+        assert_eq!(
+            events(&records),
+            [
+                "ns/v4-asks-v6 Warning AllocationFailed",
+                "ns/v6-asks-v4 Warning AllocationFailed",
+                "ns/dual-asks-one Warning AllocationFailed",
+                "ns/prefer-asks-one Warning AllocationFailed"
+            ]
+        );
+        for message in messages(&records) {
+            assert!(
+                message.contains("do not match the service's IP families"),
+                "{message}"
+            );
+        }
+        assert!(writes(&records).is_empty());
+        // One of each, but from two pools.
+        h.add(
+            svc("ns/split")
+                .dual("RequireDualStack", false)
+                .request("10.0.1.1,fd00::3"),
+        )
+        .await;
+        assert_eq!(
+            messages(&h.take()),
+            [
+                "ns/split AllocationFailed: Failed to allocate IP for \"ns/split\": \
+                 10.0.1.1 and fd00::3 are in different pools (\"b\", \"a\")"
+            ]
+        );
+        // Both families, in any order: IPv4 first in the status.
+        h.add(
+            svc("ns/dual")
+                .dual("RequireDualStack", true)
+                .request("fd00::2, 10.0.0.2"),
+        )
+        .await;
+        assert_eq!(h.status("ns/dual"), "10.0.0.2 fd00::2 @a");
+    }
+
+    #[tokio::test]
+    async fn address_pool_annotation_selects_the_pool_even_without_auto_assign() {
+        let h = Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1"])),
+            (
+                "b",
+                json!({"addresses": ["10.0.1.1-10.0.1.3"], "autoAssign": false}),
+            ),
+        ])
+        .await;
+        h.add(svc("ns/x").in_pool("b")).await;
+        h.add(svc("ns/y")).await;
+        assert_eq!(h.status("ns/x"), "10.0.1.1 @b");
+        assert_eq!(h.status("ns/y"), "10.0.0.1 @a");
+        h.take();
+        // `a` is full and `b` is not for automatic allocation.
+        h.add(svc("ns/z")).await;
+        assert_eq!(
+            messages(&h.take()),
+            [
+                "ns/z AllocationFailed: Failed to allocate IP for \"ns/z\": no available IPs: \
+                 no pool has an IPv4 address free (tried a)"
+            ]
+        );
+        assert_eq!(h.status("ns/z"), "none");
+        // Naming `a` while it is full fails too; naming `b` works.
+        h.add(svc("ns/w").in_pool("a")).await;
+        assert_eq!(events(&h.take()), ["ns/w Warning AllocationFailed"]);
+        h.edit("ns/w", |s| s.in_pool("b")).await;
+        assert_eq!(h.status("ns/w"), "10.0.1.2 @b");
+    }
+
+    #[tokio::test]
+    async fn a_requested_pool_that_does_not_serve_or_does_not_exist_fails() {
+        let h = Harness::with_pools(&[
+            (
+                "p",
+                json!({
+                    "addresses": ["10.0.2.1-10.0.2.3"],
+                    "serviceAllocation": {"namespaces": ["other"]},
+                }),
+            ),
+            ("q", addrs(&["10.0.0.1-10.0.0.3"])),
+        ])
+        .await;
+        h.add(svc("ns/s").in_pool("p")).await;
+        h.add(svc("ns/t").in_pool("nope")).await;
+        let records = h.take();
+        assert_eq!(
+            messages(&records),
+            [
+                "ns/s AllocationFailed: Failed to allocate IP for \"ns/s\": \
+                 pool \"p\" does not serve this service",
+                "ns/t AllocationFailed: Failed to allocate IP for \"ns/t\": unknown pool \"nope\""
+            ]
+        );
+        assert!(writes(&records).is_empty());
+        assert_eq!(h.waiting(), ["ns/s", "ns/t"]);
+        // A Service the pool serves gets it.
+        h.add(svc("other/u").in_pool("p")).await;
+        assert_eq!(h.status("other/u"), "10.0.2.1 @p");
+        // A requested address in a pool that does not serve fails too.
+        h.add(svc("ns/v").request("10.0.2.2")).await;
+        assert!(messages(&h.take())
+            .contains(&"ns/v AllocationFailed: Failed to allocate IP for \"ns/v\": pool \"p\" does not serve this service".to_owned()));
+    }
+}
+
+// ----- DESIGN.md §4.3: address family -----
+
+mod s4_3_families {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_single_stack_service_gets_its_cluster_ip_family() {
+        let h =
+            Harness::with_pools(&[("a", addrs(&["fd00::1-fd00::3", "10.0.0.1-10.0.0.3"]))]).await;
+        h.add(svc("ns/v4")).await;
+        h.add(svc("ns/v6").v6()).await;
+        assert_eq!(h.status("ns/v4"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/v6"), "fd00::1 @a");
+        // The old single clusterIP field alone is enough.
+        h.add(svc("ns/old").unset(&["spec", "clusterIPs"])).await;
+        assert_eq!(h.status("ns/old"), "10.0.0.2 @a");
+    }
+
+    #[tokio::test]
+    async fn require_dual_stack_takes_both_families_from_one_pool_ipv4_first() {
+        let h = Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1-10.0.0.2"])),
+            ("b", addrs(&["fd00::1", "10.0.1.1-10.0.1.2"])),
+        ])
+        .await;
+        h.add(svc("ns/d1").dual("RequireDualStack", true)).await;
+        assert_eq!(h.status("ns/d1"), "10.0.1.1 fd00::1 @b");
+        assert_eq!(
+            messages(&h.take()),
+            ["ns/d1 IPAllocated: Assigned IP [\"10.0.1.1\" \"fd00::1\"]"]
+        );
+        // No pool has both free: `a` has IPv4 only, `b` no IPv6 left.
+        h.add(svc("ns/d2").dual("RequireDualStack", false)).await;
+        assert_eq!(
+            messages(&h.take()),
+            [
+                "ns/d2 AllocationFailed: Failed to allocate IP for \"ns/d2\": no available IPs: \
+                 no pool has both an IPv4 and an IPv6 address free (tried a, b)"
+            ]
+        );
+        assert_eq!(h.status("ns/d2"), "none");
+        h.add(svc("ns/s")).await;
+        assert_eq!(h.status("ns/s"), "10.0.0.1 @a");
+        // The IPv6 frees: the waiting dual-stack Service gets both.
+        h.delete("ns/d1").await;
+        assert_eq!(h.status("ns/d2"), "10.0.1.1 fd00::1 @b");
+    }
+
+    #[tokio::test]
+    async fn prefer_dual_stack_falls_back_to_one_family_then_completes() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.2", "fd00::1"]))]).await;
+        h.add(svc("ns/t").v6()).await;
+        h.take();
+        h.add(svc("ns/p").dual("PreferDualStack", false)).await;
+        assert_eq!(h.status("ns/p"), "10.0.0.1 @a");
+        assert_eq!(
+            messages(&h.take()),
+            ["ns/p IPAllocated: Assigned IP [\"10.0.0.1\"]"]
+        );
+        // Holding one family, it waits for the other (§4.4 step 1).
+        assert_eq!(h.waiting(), ["ns/p"]);
+        // Only from the same pool: a free IPv6 elsewhere does not count.
+        h.pool("b", addrs(&["fd00:9::1"])).await;
+        assert_eq!(h.status("ns/p"), "10.0.0.1 @a");
+        assert!(h.take().is_empty());
+        h.delete("ns/t").await;
+        assert_eq!(h.status("ns/p"), "10.0.0.1 fd00::1 @a");
+        assert_eq!(
+            messages(&h.take()),
+            ["ns/p IPAllocated: Assigned IP [\"10.0.0.1\" \"fd00::1\"]"]
+        );
+        assert!(h.waiting().is_empty());
+    }
+
+    #[tokio::test]
+    async fn prefer_dual_stack_completes_with_ipv4_when_ipv6_came_first() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1", "fd00::1-fd00::2"]))]).await;
+        h.add(svc("ns/t")).await;
+        h.add(svc("ns/p").dual("PreferDualStack", true)).await;
+        assert_eq!(h.status("ns/p"), "fd00::1 @a");
+        h.delete("ns/t").await;
+        // IPv4 first in the status, whatever the primary family.
+        assert_eq!(h.status("ns/p"), "10.0.0.1 fd00::1 @a");
+    }
+
+    #[tokio::test]
+    async fn prefer_dual_stack_picks_a_pool_with_both_then_primary_then_other() {
+        let h = Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1-10.0.0.2"])),
+            ("b", addrs(&["fd00::1"])),
+            ("c", addrs(&["fd00:2::1", "10.0.2.1"])),
+        ])
+        .await;
+        // `c` is the only pool with both: it wins though `a` comes first.
+        h.add(svc("ns/p1").dual("PreferDualStack", false)).await;
+        assert_eq!(h.status("ns/p1"), "10.0.2.1 fd00:2::1 @c");
+        // None has both: the primary family first...
+        h.add(svc("ns/p2").dual("PreferDualStack", true)).await;
+        assert_eq!(h.status("ns/p2"), "fd00::1 @b");
+        h.add(svc("ns/p3").dual("PreferDualStack", false)).await;
+        assert_eq!(h.status("ns/p3"), "10.0.0.1 @a");
+        // ...else the other family.
+        h.add(svc("ns/p4").dual("PreferDualStack", true)).await;
+        assert_eq!(h.status("ns/p4"), "10.0.0.2 @a");
+        h.add(svc("ns/p5").dual("PreferDualStack", true)).await;
+        assert_eq!(h.status("ns/p5"), "none");
+    }
+
+    #[tokio::test]
+    async fn a_service_without_cluster_ip_gets_no_address() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.3"]))]).await;
+        h.add(svc("ns/headless").headless()).await;
+        h.add(
+            svc("ns/none")
+                .unset(&["spec", "clusterIP"])
+                .unset(&["spec", "clusterIPs"]),
+        )
+        .await;
+        let records = h.take();
+        assert!(writes(&records).is_empty());
+        assert_eq!(
+            messages(&records),
+            [
+                "ns/headless AllocationFailed: Failed to allocate IP for \"ns/headless\": \
+                 the service has no cluster IP",
+                "ns/none AllocationFailed: Failed to allocate IP for \"ns/none\": \
+                 the service has no cluster IP"
+            ]
+        );
+        assert!(h.controller.holdings().is_empty());
+    }
+}
+
+// ----- DESIGN.md §4.4: choosing addresses -----
+
+mod s4_4_choosing {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_status_address_is_kept_at_restart_even_if_not_the_lowest() {
+        let h = Harness::new();
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.5"])).await;
+        h.add(svc("ns/held").held(&["10.0.0.4"], "a")).await;
+        // Status written by someone without the annotation: kept, annotated.
+        h.add(svc("ns/bare").status(&["10.0.0.5"])).await;
+        h.add(svc("ns/new")).await;
+        h.sync().await;
+        assert_eq!(h.status("ns/held"), "10.0.0.4 @a");
+        assert_eq!(h.status("ns/bare"), "10.0.0.5 @a");
+        assert_eq!(h.status("ns/new"), "10.0.0.1 @a");
+        assert_eq!(
+            log(&h.take()),
+            // Kept Services are reconciled after those left without
+            // addresses (§4.5), so the annotation-only write comes last.
+            [
+                "ns/new <- 10.0.0.1 @a",
+                "ns/new Normal IPAllocated",
+                "ns/bare <- 10.0.0.5 @a"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_status_address_in_a_pool_without_auto_assign_is_kept() {
+        let h = Harness::new();
+        h.pool(
+            "manual",
+            json!({"addresses": ["10.0.1.1-10.0.1.3"], "autoAssign": false}),
+        )
+        .await;
+        h.add(svc("ns/a").held(&["10.0.1.2"], "manual")).await;
+        h.sync().await;
+        assert!(h.take().is_empty());
+        assert_eq!(h.status("ns/a"), "10.0.1.2 @manual");
+        // And on later reconciliations too.
+        h.edit("ns/a", |s| s.label("x", "y")).await;
+        assert!(h.take().is_empty());
+    }
+
+    #[tokio::test]
+    async fn clear_assignment_when_the_pool_no_longer_serves_the_service() {
+        let h =
+            Harness::with_pools(&[("p", addrs(&["10.0.0.1"])), ("q", addrs(&["10.0.1.1"]))]).await;
+        h.add(svc("ns/a")).await;
+        assert_eq!(h.status("ns/a"), "10.0.0.1 @p");
+        h.take();
+        h.pool(
+            "p",
+            json!({"addresses": ["10.0.0.1"], "serviceAllocation": {"namespaces": ["other"]}}),
+        )
+        .await;
+        let records = h.take();
+        assert_eq!(
+            log(&records),
+            [
+                "ns/a <- 10.0.1.1 @q",
+                "ns/a Normal ClearAssignment",
+                "ns/a Normal IPAllocated"
+            ]
+        );
+        assert_eq!(
+            messages(&records)[0],
+            "ns/a ClearAssignment: current IP [\"10.0.0.1\"] not allowed by config, clearing: \
+             pool \"p\" does not serve this service"
+        );
+    }
+
+    #[tokio::test]
+    async fn clear_assignment_when_the_pool_addresses_change() {
+        let h = Harness::with_pools(&[("p", addrs(&["10.0.0.1-10.0.0.3"]))]).await;
+        h.add(svc("ns/a")).await;
+        h.add(svc("ns/b")).await;
+        h.take();
+        // 10.0.0.2 stays; 10.0.0.1 goes.
+        h.pool("p", addrs(&["10.0.0.2-10.0.0.4"])).await;
+        assert_eq!(h.status("ns/a"), "10.0.0.3 @p");
+        assert_eq!(h.status("ns/b"), "10.0.0.2 @p");
+        let records = h.take();
+        assert_eq!(
+            events(&records),
+            ["ns/a Normal ClearAssignment", "ns/a Normal IPAllocated"]
+        );
+        assert!(messages(&records)[0].ends_with("10.0.0.1 is not in any pool"));
+    }
+
+    #[tokio::test]
+    async fn clear_assignment_when_the_requested_pool_or_addresses_change() {
+        let h = Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1-10.0.0.3"])),
+            (
+                "b",
+                json!({"addresses": ["10.0.1.1-10.0.1.3"], "autoAssign": false}),
+            ),
+        ])
+        .await;
+        h.add(svc("ns/s")).await;
+        h.take();
+        h.edit("ns/s", |s| s.in_pool("b")).await;
+        assert_eq!(h.status("ns/s"), "10.0.1.1 @b");
+        let records = h.take();
+        assert_eq!(
+            events(&records),
+            ["ns/s Normal ClearAssignment", "ns/s Normal IPAllocated"]
+        );
+        assert!(messages(&records)[0]
+            .contains("10.0.0.1 is in pool \"a\", not in the requested pool \"b\""));
+        h.edit("ns/s", |s| s.request("10.0.1.3")).await;
+        assert_eq!(h.status("ns/s"), "10.0.1.3 @b");
+        let records = h.take();
+        assert_eq!(
+            events(&records),
+            ["ns/s Normal ClearAssignment", "ns/s Normal IPAllocated"]
+        );
+        assert!(messages(&records)[0].contains("are not the requested [10.0.1.3]"));
+        // Dropping the request: what it holds is still allowed, so it stays.
+        h.edit("ns/s", |s| s.no_ann("metallb.io/loadBalancerIPs"))
+            .await;
+        assert!(h.take().is_empty());
+        assert_eq!(h.status("ns/s"), "10.0.1.3 @b");
+    }
+
+    #[tokio::test]
+    async fn requested_addresses_are_taken_exactly_or_fail() {
+        let h = Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1-10.0.0.3"])),
+            ("b", json!({"addresses": ["10.0.1.1"], "autoAssign": false})),
+        ])
+        .await;
+        h.add(svc("ns/a").request("10.0.0.2")).await;
+        h.add(svc("ns/b").request("10.0.0.2")).await;
+        h.add(svc("ns/c").request("192.168.0.1")).await;
+        h.add(svc("ns/d").request("10.0.1.1")).await;
+        h.add(svc("ns/e").request("10.0.0.3").in_pool("b")).await;
+        h.add(svc("ns/f")).await;
+        assert_eq!(h.status("ns/a"), "10.0.0.2 @a");
+        assert_eq!(h.status("ns/b"), "none");
+        assert_eq!(h.status("ns/c"), "none");
+        assert_eq!(h.status("ns/d"), "10.0.1.1 @b");
+        assert_eq!(h.status("ns/e"), "none");
+        assert_eq!(h.status("ns/f"), "10.0.0.1 @a");
+        let failed: Vec<String> = messages(&h.take())
+            .into_iter()
+            .filter(|m| m.contains("AllocationFailed"))
+            .collect();
+        assert_eq!(
+            failed,
+            [
+                "ns/b AllocationFailed: Failed to allocate IP for \"ns/b\": \
+                 10.0.0.2 cannot be used: it is in use by ns/a",
+                "ns/c AllocationFailed: Failed to allocate IP for \"ns/c\": \
+                 192.168.0.1 is not in any pool",
+                "ns/e AllocationFailed: Failed to allocate IP for \"ns/e\": \
+                 10.0.0.3 is in pool \"a\", not in the requested pool \"b\""
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn pools_are_tried_pinned_by_priority_then_name_then_unpinned_by_name() {
+        let pinned = |address: &str, priority: Option<i64>, namespace: &str| {
+            let mut allocation = json!({ "namespaces": [namespace] });
+            if let Some(priority) = priority {
+                allocation["priority"] = json!(priority);
+            }
+            json!({"addresses": [address], "serviceAllocation": allocation})
+        };
+        let h = Harness::with_pools(&[
+            ("b-plain", addrs(&["10.0.0.1"])),
+            ("a-plain", addrs(&["10.0.0.2"])),
+            ("z-prio1", pinned("10.0.0.3", Some(1), "ns")),
+            ("c-prio2", pinned("10.0.0.4", Some(2), "ns")),
+            ("b-prio2", pinned("10.0.0.5", Some(2), "ns")),
+            ("p-zero", pinned("10.0.0.6", Some(0), "ns")),
+            ("p-unset", pinned("10.0.0.7", None, "ns")),
+            ("a-other", pinned("10.0.0.8", Some(1), "other")),
+            (
+                "a-manual",
+                json!({"addresses": ["10.0.0.9"], "autoAssign": false}),
+            ),
+            (
+                "a-gold",
+                json!({
+                    "addresses": ["10.0.0.10"],
+                    "serviceAllocation": {
+                        "priority": 3,
+                        "serviceSelectors": [{"matchLabels": {"tier": "gold"}}],
+                    },
+                }),
+            ),
+        ])
+        .await;
+        for i in 1..=8 {
+            h.add(svc(&format!("ns/s{i}"))).await;
+        }
+        let got: Vec<String> = (1..=8).map(|i| h.status(&format!("ns/s{i}"))).collect();
+        assert_eq!(
+            got,
+            [
+                "10.0.0.3 @z-prio1",
+                "10.0.0.5 @b-prio2",
+                "10.0.0.4 @c-prio2",
+                "10.0.0.7 @p-unset",
+                "10.0.0.6 @p-zero",
+                "10.0.0.2 @a-plain",
+                "10.0.0.1 @b-plain",
+                "none"
+            ]
+        );
+        let failed = messages(&h.take()).pop().unwrap();
+        assert_eq!(
+            failed,
+            "ns/s8 AllocationFailed: Failed to allocate IP for \"ns/s8\": no available IPs: \
+             no pool has an IPv4 address free \
+             (tried z-prio1, b-prio2, c-prio2, p-unset, p-zero, a-plain, b-plain)"
+        );
+        // The selector-pinned pool serves only its Services.
+        h.add(svc("ns/gold").label("tier", "gold")).await;
+        assert_eq!(h.status("ns/gold"), "10.0.0.10 @a-gold");
+    }
+
+    #[tokio::test]
+    async fn a_higher_priority_pinned_pool_is_preferred_over_the_lowest_address() {
+        let h = Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1-10.0.0.3"])),
+            (
+                "z",
+                json!({
+                    "addresses": ["10.0.9.1-10.0.9.3"],
+                    "serviceAllocation": {"priority": 5, "serviceSelectors": [{"matchLabels": {"app": "web"}}]},
+                }),
+            ),
+        ])
+        .await;
+        h.add(svc("ns/web").label("app", "web")).await;
+        h.add(svc("ns/db").label("app", "db")).await;
+        assert_eq!(h.status("ns/web"), "10.0.9.1 @z");
+        assert_eq!(h.status("ns/db"), "10.0.0.1 @a");
+    }
+
+    #[tokio::test]
+    async fn addresses_are_tried_in_spec_order_each_entry_from_its_lowest() {
+        let h = Harness::with_pools(&[(
+            "a",
+            addrs(&["10.0.0.10-10.0.0.11", "10.0.0.1/32", "10.0.0.5 - 10.0.0.6"]),
+        )])
+        .await;
+        for i in 1..=6 {
+            h.add(svc(&format!("ns/s{i}"))).await;
+        }
+        let got: Vec<String> = (1..=6).map(|i| h.status(&format!("ns/s{i}"))).collect();
+        assert_eq!(
+            got,
+            [
+                "10.0.0.10 @a",
+                "10.0.0.11 @a",
+                "10.0.0.1 @a",
+                "10.0.0.5 @a",
+                "10.0.0.6 @a",
+                "none"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn sharing_services_stack_on_the_lowest_address_where_their_ports_fit() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.6"]))]).await;
+        h.add(svc("ns/a").shared("k").ports(&[("TCP", 80)])).await;
+        h.add(svc("ns/b").shared("k").ports(&[("TCP", 443)])).await;
+        h.add(svc("ns/c").shared("k").ports(&[("TCP", 80)])).await;
+        h.add(svc("ns/d").ports(&[("TCP", 80)])).await;
+        h.add(svc("ns/e").shared("k").ports(&[("TCP", 443)])).await;
+        h.add(svc("ns/f").shared("j").ports(&[("TCP", 8080)])).await;
+        h.add(svc("ns/g").shared("k").ports(&[("UDP", 80)])).await;
+        let got: Vec<String> = ["a", "b", "c", "d", "e", "f", "g"]
+            .iter()
+            .map(|k| h.status(&format!("ns/{k}")))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "10.0.0.1 @a",
+                "10.0.0.1 @a",
+                "10.0.0.2 @a",
+                "10.0.0.3 @a",
+                "10.0.0.2 @a",
+                "10.0.0.4 @a",
+                "10.0.0.1 @a"
+            ]
+        );
+        // 80/TCP frees on 10.0.0.1: the next one stacks there again.
+        h.delete("ns/a").await;
+        h.add(svc("ns/h").shared("k").ports(&[("TCP", 80)])).await;
+        assert_eq!(h.status("ns/h"), "10.0.0.1 @a");
+        // A requested shared address with a port in common fails.
+        h.take();
+        h.add(
+            svc("ns/i")
+                .shared("k")
+                .ports(&[("TCP", 443)])
+                .request("10.0.0.1"),
+        )
+        .await;
+        assert_eq!(
+            messages(&h.take()),
+            [
+                "ns/i AllocationFailed: Failed to allocate IP for \"ns/i\": \
+                 10.0.0.1 cannot be used: port 443/TCP is already used on it by ns/b"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn local_services_share_only_with_the_same_selector() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.6"]))]).await;
+        h.add(svc("ns/a").shared("k").local("x").ports(&[("TCP", 80)]))
+            .await;
+        h.add(svc("ns/b").shared("k").local("y").ports(&[("TCP", 443)]))
+            .await;
+        h.add(svc("ns/c").shared("k").local("x").ports(&[("TCP", 443)]))
+            .await;
+        h.add(svc("ns/d").shared("k").ports(&[("TCP", 8080)])).await;
+        assert_eq!(h.status("ns/a"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/b"), "10.0.0.2 @a");
+        assert_eq!(h.status("ns/c"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/d"), "10.0.0.3 @a");
+        // A Cluster Service with a selector shares with other Cluster ones.
+        h.add(svc("ns/e").shared("k").ports(&[("TCP", 9090)])).await;
+        assert_eq!(h.status("ns/e"), "10.0.0.3 @a");
+    }
+
+    #[tokio::test]
+    async fn avoid_buggy_ips_skips_and_releases_dot_zero_and_dot_255() {
+        let h = Harness::with_pools(&[("p", addrs(&["10.0.0.255-10.0.1.1"]))]).await;
+        h.add(svc("ns/a")).await;
+        h.add(svc("ns/b")).await;
+        assert_eq!(h.status("ns/a"), "10.0.0.255 @p");
+        assert_eq!(h.status("ns/b"), "10.0.1.0 @p");
+        h.take();
+        h.pool(
+            "p",
+            json!({"addresses": ["10.0.0.255-10.0.1.2"], "avoidBuggyIPs": true}),
+        )
+        .await;
+        assert_eq!(h.status("ns/a"), "10.0.1.1 @p");
+        assert_eq!(h.status("ns/b"), "10.0.1.2 @p");
+        let records = h.take();
+        assert_eq!(
+            events(&records),
+            [
+                "ns/a Normal ClearAssignment",
+                "ns/a Normal IPAllocated",
+                "ns/b Normal ClearAssignment",
+                "ns/b Normal IPAllocated"
+            ]
+        );
+        assert!(
+            messages(&records)[0].ends_with("10.0.0.255 is avoided by pool \"p\" (avoidBuggyIPs)")
+        );
+        // Nor can they be requested.
+        h.add(svc("ns/c").request("10.0.1.0")).await;
+        assert_eq!(h.status("ns/c"), "none");
+    }
+
+    #[tokio::test]
+    async fn the_lowest_fitting_address_is_given_and_reused() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.4"]))]).await;
+        for key in ["ns/a", "ns/b", "ns/c"] {
+            h.add(svc(key)).await;
+        }
+        h.delete("ns/b").await;
+        h.add(svc("ns/d")).await;
+        assert_eq!(h.status("ns/d"), "10.0.0.2 @a");
+        h.add(svc("ns/e")).await;
+        assert_eq!(h.status("ns/e"), "10.0.0.4 @a");
+    }
+}
+
+// ----- DESIGN.md §4.5: start, sync and restart -----
+
+mod s4_5_sync {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_decided_or_written_before_sync() {
+        let h = Harness::new();
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.3"])).await;
+        h.namespace("ns", &[("env", "prod")]).await;
+        h.add(svc("ns/a")).await;
+        h.add(svc("ns/b").held(&["10.0.0.3"], "a")).await;
+        h.edit("ns/a", |s| s.label("x", "y")).await;
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(h.take().is_empty());
+        assert!(h.controller.holdings().is_empty());
+        assert_eq!(h.controller.stats().reconciliations, 0);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), h.manager.idle())
+                .await
+                .is_err()
+        );
+        h.sync().await;
+        assert_eq!(h.status("ns/a"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/b"), "10.0.0.3 @a");
+    }
+
+    /// Services of many kinds, allocated on a fresh controller.
+    async fn populated() -> Harness {
+        let h = Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1-10.0.0.10", "fd00::1-fd00::5"])),
+            (
+                "b",
+                json!({"addresses": ["10.0.1.1-10.0.1.5"], "autoAssign": false}),
+            ),
+        ])
+        .await;
+        h.add(svc("ns/gone")).await;
+        h.add(svc("ns/auto")).await;
+        h.add(svc("ns/req").request("10.0.0.7")).await;
+        h.add(svc("ns/in-b").in_pool("b")).await;
+        h.add(svc("ns/sh1").shared("k").ports(&[("TCP", 80)])).await;
+        h.add(svc("ns/sh2").shared("k").ports(&[("TCP", 443)]))
+            .await;
+        h.add(svc("ns/dual").dual("RequireDualStack", true)).await;
+        h.add(svc("ns/prefer").dual("PreferDualStack", false)).await;
+        h.add(svc("ns/v6").v6()).await;
+        h.add(svc("ns/cip").kind("ClusterIP")).await;
+        h.delete("ns/gone").await;
+        h
+    }
+
+    #[tokio::test]
+    async fn a_restarted_controller_keeps_every_address_and_writes_nothing() {
+        let first = populated().await;
+        let statuses: BTreeMap<String, String> = first
+            .store
+            .services
+            .iter()
+            .map(|e| (e.key().clone(), first.status(e.key())))
+            .collect();
+        assert_eq!(statuses["ns/auto"], "10.0.0.2 @a");
+
+        let h = Harness::new();
+        let pools: BTreeMap<String, Value> = first
+            .store
+            .pools
+            .iter()
+            .map(|e| {
+                (
+                    e.key().clone(),
+                    serde_json::to_value(&e.value().spec).unwrap(),
+                )
+            })
+            .collect();
+        for (name, spec) in pools {
+            h.pool(&name, spec).await;
+        }
+        // Seen in another order than they were allocated in.
+        let mut services: Vec<Service> = first
+            .store
+            .services
+            .iter()
+            .map(|e| (**e.value()).clone())
+            .collect();
+        services.sort_by(|a, b| b.metadata.name.cmp(&a.metadata.name));
+        for service in services {
+            h.add(Svc(serde_json::to_value(&service).unwrap())).await;
+        }
+        h.sync().await;
+        assert!(h.take().is_empty(), "no write and no event at restart");
+        for (key, status) in &statuses {
+            assert_eq!(&h.status(key), status, "{key}");
+        }
+        assert_eq!(h.controller.holdings(), first.controller.holdings());
+        assert_eq!(h.controller.pool_stats(), first.controller.pool_stats());
+    }
+
+    #[tokio::test]
+    async fn of_two_claims_the_first_seen_keeps_and_the_other_moves_after_the_kept() {
+        let h = Harness::new();
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.5"])).await;
+        h.add(svc("ns/e-new")).await;
+        h.add(svc("ns/c-first").held(&["10.0.0.1"], "a")).await;
+        h.add(svc("ns/b-second").held(&["10.0.0.1"], "a")).await;
+        h.add(svc("ns/d-third").held(&["10.0.0.3"], "a")).await;
+        h.add(svc("ns/a-new")).await;
+        h.sync().await;
+        assert_eq!(h.status("ns/c-first"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/d-third"), "10.0.0.3 @a");
+        // Released, then re-allocated before the newcomers.
+        assert_eq!(h.status("ns/b-second"), "10.0.0.2 @a");
+        assert_eq!(h.status("ns/e-new"), "10.0.0.4 @a");
+        assert_eq!(h.status("ns/a-new"), "10.0.0.5 @a");
+        assert_eq!(
+            log(&h.take()),
+            [
+                "ns/b-second <- 10.0.0.2 @a",
+                "ns/b-second Normal ClearAssignment",
+                "ns/b-second Normal IPAllocated",
+                "ns/e-new <- 10.0.0.4 @a",
+                "ns/e-new Normal IPAllocated",
+                "ns/a-new <- 10.0.0.5 @a",
+                "ns/a-new Normal IPAllocated"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn services_that_may_share_an_address_both_keep_it_at_restart() {
+        let h = Harness::new();
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.5"])).await;
+        let shared = |key: &str, port: i32| {
+            svc(key)
+                .shared("k")
+                .ports(&[("TCP", port)])
+                .held(&["10.0.0.1"], "a")
+        };
+        h.add(shared("ns/x", 80)).await;
+        h.add(shared("ns/y", 443)).await;
+        h.add(shared("ns/z", 80)).await;
+        h.sync().await;
+        assert_eq!(h.status("ns/x"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/y"), "10.0.0.1 @a");
+        // `z` has a port in common with the first seen: it moves.
+        assert_eq!(h.status("ns/z"), "10.0.0.2 @a");
+        assert_eq!(
+            events(&h.take()),
+            ["ns/z Normal ClearAssignment", "ns/z Normal IPAllocated"]
+        );
+    }
+
+    #[tokio::test]
+    async fn services_without_addresses_get_them_in_first_seen_order_and_recreated_is_new() {
+        let h = Harness::new();
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.5"])).await;
+        h.add(svc("ns/x")).await;
+        h.add(svc("ns/c")).await;
+        h.add(svc("ns/b")).await;
+        // Updates do not change when a Service was first seen...
+        h.edit("ns/c", |s| s.label("l", "v")).await;
+        // ...but a delete and re-create does.
+        h.delete("ns/x").await;
+        h.add(svc("ns/x")).await;
+        h.sync().await;
+        assert_eq!(h.status("ns/c"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/b"), "10.0.0.2 @a");
+        assert_eq!(h.status("ns/x"), "10.0.0.3 @a");
+    }
+
+    // §4.5: a PreferDualStack Service that kept one family completes it only
+    // after the Services left without addresses got theirs (those that had
+    // to release first), so the last free IPv6 goes to `r`, not `p`.
+    #[tokio::test]
+    async fn at_sync_prefer_dual_stack_completion_waits_for_services_without_addresses() {
+        let h = Harness::new();
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.3", "fd00::1"])).await;
+        h.add(svc("ns/r").v6().held(&["fd00::7"], "gone")).await;
+        h.add(
+            svc("ns/p")
+                .dual("PreferDualStack", false)
+                .held(&["10.0.0.1"], "a"),
+        )
+        .await;
+        h.sync().await;
+        assert_eq!(h.status("ns/r"), "fd00::1 @a");
+        assert_eq!(h.status("ns/p"), "10.0.0.1 @a");
+        assert_eq!(h.waiting(), ["ns/p"]);
+    }
+
+    #[tokio::test]
+    async fn an_invalid_status_address_is_released_at_restart() {
+        let h = Harness::new();
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.5"])).await;
+        h.add(svc("ns/out").held(&["192.168.0.1"], "old")).await;
+        h.add(svc("ns/junk").held(&["not-an-ip"], "a")).await;
+        h.add(svc("ns/keep").held(&["10.0.0.1"], "a")).await;
+        h.sync().await;
+        assert_eq!(h.status("ns/keep"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/out"), "10.0.0.2 @a");
+        assert_eq!(h.status("ns/junk"), "10.0.0.3 @a");
+        assert_eq!(
+            events(&h.take()),
+            [
+                "ns/out Normal ClearAssignment",
+                "ns/out Normal IPAllocated",
+                "ns/junk Normal ClearAssignment",
+                "ns/junk Normal IPAllocated"
+            ]
+        );
+    }
+}
+
+// ----- DESIGN.md §4.6: when things change -----
+
+mod s4_6_changes {
+    use super::*;
+
+    async fn one_address_held() -> Harness {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1"]))]).await;
+        h.add(svc("ns/holder")).await;
+        h
+    }
+
+    #[tokio::test]
+    async fn a_delete_wakes_the_waiting_longest_waiting_first_not_first_seen() {
+        let h = one_address_held().await;
+        // `b` is seen first, with an invalid request: not waiting.
+        h.add(svc("ns/b").request("bogus")).await;
+        h.add(svc("ns/c")).await;
+        h.edit("ns/b", |s| s.no_ann("metallb.io/loadBalancerIPs"))
+            .await;
+        assert_eq!(h.waiting(), ["ns/c", "ns/b"]);
+        h.take();
+        h.delete("ns/holder").await;
+        assert_eq!(h.status("ns/c"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/b"), "none");
+        assert_eq!(h.waiting(), ["ns/b"]);
+        // `b` failed again: the same warning is not repeated.
+        assert_eq!(
+            log(&h.take()),
+            ["ns/c <- 10.0.0.1 @a", "ns/c Normal IPAllocated"]
+        );
+    }
+
+    #[tokio::test]
+    async fn failing_again_does_not_reset_the_wait() {
+        let h = one_address_held().await;
+        h.add(svc("ns/z")).await;
+        h.add(svc("ns/a")).await;
+        assert_eq!(h.waiting(), ["ns/z", "ns/a"]);
+        h.edit("ns/z", |s| s.label("x", "y")).await;
+        h.edit("ns/z", |s| s.ports(&[("TCP", 8080)])).await;
+        assert_eq!(h.waiting(), ["ns/z", "ns/a"]);
+        h.delete("ns/holder").await;
+        assert_eq!(h.status("ns/z"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/a"), "none");
+    }
+
+    // §4.5/§4.6: a Service deleted and re-created before the worker sees the
+    // delete is new: it waits afresh, behind Services that waited longer.
+    #[tokio::test]
+    async fn a_recreated_service_starts_waiting_afresh() {
+        let h = one_address_held().await;
+        h.add(svc("ns/w")).await;
+        h.add(svc("ns/x")).await;
+        assert_eq!(h.waiting(), ["ns/w", "ns/x"]);
+        h.recreate(svc("ns/w")).await;
+        assert_eq!(h.waiting(), ["ns/x", "ns/w"]);
+        h.delete("ns/holder").await;
+        assert_eq!(h.status("ns/x"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/w"), "none");
+    }
+
+    #[tokio::test]
+    async fn a_service_deleted_then_recreated_later_waits_afresh() {
+        let h = one_address_held().await;
+        h.add(svc("ns/w")).await;
+        h.add(svc("ns/x")).await;
+        h.delete("ns/w").await;
+        h.add(svc("ns/w")).await;
+        assert_eq!(h.waiting(), ["ns/x", "ns/w"]);
+        h.delete("ns/holder").await;
+        assert_eq!(h.status("ns/x"), "10.0.0.1 @a");
+    }
+
+    #[tokio::test]
+    async fn every_delete_wakes_the_waiting_and_other_changes_do_not() {
+        let h = one_address_held().await;
+        h.add(svc("ns/w")).await;
+        h.add(svc("ns/cip").kind("ClusterIP")).await;
+        // Unrelated changes reconcile only their own key.
+        let before = h.reconciliations();
+        h.edit("ns/holder", |s| s.label("x", "y")).await;
+        h.edit("ns/cip", |s| s.label("x", "y")).await;
+        assert_eq!(h.reconciliations() - before, 2);
+        // A delete of a Service that held nothing wakes `w` too.
+        let before = h.reconciliations();
+        h.delete("ns/cip").await;
+        assert_eq!(h.reconciliations() - before, 2);
+        h.add(svc("ns/w2")).await;
+        assert_eq!(h.waiting(), ["ns/w", "ns/w2"]);
+        let before = h.reconciliations();
+        h.delete("ns/w2").await;
+        assert_eq!(h.reconciliations() - before, 2);
+        assert_eq!(h.waiting(), ["ns/w"]);
+    }
+
+    #[tokio::test]
+    async fn releasing_an_address_by_moving_wakes_the_waiting() {
+        let h = Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1-10.0.0.2"])),
+            ("b", json!({"addresses": ["10.0.1.1"], "autoAssign": false})),
+        ])
+        .await;
+        h.add(svc("ns/mover").request("10.0.0.1")).await;
+        h.add(svc("ns/w").request("10.0.0.1")).await;
+        assert_eq!(h.waiting(), ["ns/w"]);
+        h.take();
+        h.edit("ns/mover", |s| {
+            s.no_ann("metallb.io/loadBalancerIPs").in_pool("b")
+        })
+        .await;
+        assert_eq!(h.status("ns/mover"), "10.0.1.1 @b");
+        assert_eq!(h.status("ns/w"), "10.0.0.1 @a");
+        assert_eq!(
+            log(&h.take()),
+            [
+                "ns/mover <- 10.0.1.1 @b",
+                "ns/mover Normal ClearAssignment",
+                "ns/mover Normal IPAllocated",
+                "ns/w <- 10.0.0.1 @a",
+                "ns/w Normal IPAllocated"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_invalid_request_is_not_waiting() {
+        let h = one_address_held().await;
+        h.add(svc("ns/w")).await;
+        assert_eq!(h.waiting(), ["ns/w"]);
+        h.edit("ns/w", |s| s.request("10.0.0.1,10.0.0.2")).await;
+        assert!(h.waiting().is_empty());
+        // The delete wakes nobody: only the delete itself is reconciled.
+        let before = h.reconciliations();
+        h.delete("ns/holder").await;
+        assert_eq!(h.reconciliations() - before, 1);
+        assert_eq!(h.status("ns/w"), "none");
+        h.edit("ns/w", |s| s.request("10.0.0.1")).await;
+        assert_eq!(h.status("ns/w"), "10.0.0.1 @a");
+    }
+
+    #[tokio::test]
+    async fn a_sharing_key_or_port_change_reconsiders_the_others_on_the_address() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.3"]))]).await;
+        h.add(svc("ns/a").shared("k").ports(&[("TCP", 80)])).await;
+        h.add(svc("ns/b").shared("k").ports(&[("TCP", 443)])).await;
+        h.add(svc("ns/c")).await;
+        assert_eq!(h.status("ns/b"), "10.0.0.1 @a");
+        h.take();
+        // A port change that still fits: `a` keeps, `b` is reconsidered.
+        let before = h.reconciliations();
+        h.edit("ns/a", |s| s.ports(&[("TCP", 8080)])).await;
+        assert_eq!(h.reconciliations() - before, 2);
+        // A label change is not a sharing change.
+        let before = h.reconciliations();
+        h.edit("ns/a", |s| s.label("x", "y")).await;
+        assert_eq!(h.reconciliations() - before, 1);
+        assert!(h.take().is_empty());
+        // Another key: `a` may not stay; `b` keeps 10.0.0.1.
+        h.edit("ns/a", |s| s.shared("k2")).await;
+        assert_eq!(h.status("ns/a"), "10.0.0.3 @a");
+        assert_eq!(h.status("ns/b"), "10.0.0.1 @a");
+        assert_eq!(
+            events(&h.take()),
+            ["ns/a Normal ClearAssignment", "ns/a Normal IPAllocated"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pool_add_or_change_reconsiders_every_service() {
+        let h = Harness::new();
+        h.sync().await;
+        h.add(svc("ns/w")).await;
+        assert_eq!(
+            messages(&h.take()),
+            [
+                "ns/w AllocationFailed: Failed to allocate IP for \"ns/w\": \
+                 no pool with autoAssign serves this service"
+            ]
+        );
+        h.pool("a", addrs(&["10.0.0.1"])).await;
+        assert_eq!(h.status("ns/w"), "10.0.0.1 @a");
+        h.add(svc("ns/x")).await;
+        assert_eq!(h.status("ns/x"), "none");
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.2"])).await;
+        assert_eq!(h.status("ns/x"), "10.0.0.2 @a");
+        assert!(h.waiting().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_pool_change_reconsiders_services_with_addresses_first() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1"]))]).await;
+        // `w` is seen first but has no address; `h` holds one.
+        h.add(svc("ns/w").kind("ClusterIP")).await;
+        h.add(svc("ns/h")).await;
+        h.edit("ns/w", |s| s.kind("LoadBalancer")).await;
+        assert_eq!(h.waiting(), ["ns/w"]);
+        h.take();
+        h.pool("a", addrs(&["10.0.0.9"])).await;
+        assert_eq!(h.status("ns/h"), "10.0.0.9 @a");
+        assert_eq!(h.status("ns/w"), "none");
+        assert_eq!(
+            events(&h.take()),
+            ["ns/h Normal ClearAssignment", "ns/h Normal IPAllocated"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pool_delete_releases_with_clear_assignment() {
+        let h = Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1-10.0.0.2"])),
+            ("b", addrs(&["10.0.1.1"])),
+        ])
+        .await;
+        h.add(svc("ns/x")).await;
+        h.add(svc("ns/y")).await;
+        h.take();
+        h.delete_pool("a").await;
+        assert_eq!(h.status("ns/x"), "10.0.1.1 @b");
+        assert_eq!(h.status("ns/y"), "none");
+        let records = h.take();
+        assert_eq!(
+            log(&records),
+            [
+                "ns/x <- 10.0.1.1 @b",
+                "ns/x Normal ClearAssignment",
+                "ns/x Normal IPAllocated",
+                "ns/y <-  @-",
+                "ns/y Normal ClearAssignment",
+                "ns/y Warning AllocationFailed"
+            ]
+        );
+        assert!(messages(&records)[0].ends_with("10.0.0.1 is not in any pool"));
+        assert_eq!(h.waiting(), ["ns/y"]);
+    }
+
+    #[tokio::test]
+    async fn a_namespace_label_change_reconsiders_every_service() {
+        let h = Harness::with_pools(&[(
+            "prod",
+            json!({
+                "addresses": ["10.0.5.1"],
+                "serviceAllocation": {"namespaceSelectors": [{"matchLabels": {"env": "prod"}}]},
+            }),
+        )])
+        .await;
+        h.namespace("team", &[]).await;
+        h.add(svc("team/s")).await;
+        assert_eq!(h.status("team/s"), "none");
+        h.take();
+        h.namespace("team", &[("env", "prod")]).await;
+        assert_eq!(h.status("team/s"), "10.0.5.1 @prod");
+        h.take();
+        // A change of something else than labels changes nothing.
+        let before = h.reconciliations();
+        h.namespace("team", &[("env", "prod")]).await;
+        assert_eq!(h.reconciliations(), before);
+        h.namespace("team", &[("env", "dev")]).await;
+        assert_eq!(h.status("team/s"), "none");
+        let records = h.take();
+        assert_eq!(
+            events(&records),
+            [
+                "team/s Normal ClearAssignment",
+                "team/s Warning AllocationFailed"
+            ]
+        );
+        assert!(messages(&records)[0].ends_with("pool \"prod\" does not serve this service"));
+    }
+}
+
+// ----- DESIGN.md §4.7: what is written -----
+
+mod s4_7_writes {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_write_only_when_something_changed_and_the_echo_converges() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.3"]))]).await;
+        let before = h.reconciliations();
+        h.add(svc("ns/a")).await;
+        // The add, then the echo of its write, which writes nothing.
+        assert_eq!(h.reconciliations() - before, 2);
+        assert_eq!(writes(&h.take()), ["ns/a <- 10.0.0.1 @a"]);
+        h.edit("ns/a", |s| s.label("x", "y")).await;
+        h.edit("ns/a", |s| s.ports(&[("TCP", 81), ("UDP", 53)]))
+            .await;
+        h.edit("ns/a", |s| s.ann("unrelated", "v")).await;
+        h.pool("b", addrs(&["10.0.1.1"])).await;
+        h.namespace("ns", &[("x", "y")]).await;
+        assert!(h.take().is_empty());
+        // Status lost (a user, a failed write elsewhere): written back.
+        h.edit("ns/a", |s| s.status(&[])).await;
+        assert_eq!(writes(&h.take()), ["ns/a <- 10.0.0.1 @a"]);
+        // The pool annotation removed by a user: only that is written.
+        h.edit("ns/a", |s| s.no_ann(POOL_ANNOTATION)).await;
+        assert_eq!(log(&h.take()), ["ns/a <- 10.0.0.1 @a"]);
+        h.edit("ns/a", |s| s.kind("NodePort")).await;
+        assert_eq!(writes(&h.take()), ["ns/a <-  @-"]);
+        h.edit("ns/a", |s| s.label("x", "z")).await;
+        assert!(h.take().is_empty());
+    }
+
+    #[tokio::test]
+    async fn event_reasons_types_and_messages() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1", "fd00::1"]))]).await;
+        h.add(svc("ns/dual").dual("RequireDualStack", true)).await;
+        h.add(svc("ns/full")).await;
+        h.add(svc("ns/bad").request("x")).await;
+        h.add(svc("ns/old").ann("metallb.universe.tf/address-pool", "a"))
+            .await;
+        h.delete("ns/dual").await;
+        h.pool("a", addrs(&["10.0.0.2"])).await;
+        let expected = [
+            (
+                "ns/dual",
+                EventType::Normal,
+                "IPAllocated",
+                "Assigned IP [\"10.0.0.1\" \"fd00::1\"]",
+            ),
+            (
+                "ns/full",
+                EventType::Warning,
+                "AllocationFailed",
+                "Failed to allocate IP for \"ns/full\": no available IPs: \
+                 no pool has an IPv4 address free (tried a)",
+            ),
+            (
+                "ns/bad",
+                EventType::Warning,
+                "LoadBalancerFailed",
+                "invalid request: the loadBalancerIPs annotation: \"x\" is not an IP address",
+            ),
+            (
+                "ns/old",
+                EventType::Warning,
+                "AllocationFailed",
+                "Failed to allocate IP for \"ns/old\": no available IPs: \
+                 no pool has an IPv4 address free (tried a)",
+            ),
+            // `dual` goes: `full` (waiting longest) gets 10.0.0.1.
+            (
+                "ns/full",
+                EventType::Normal,
+                "IPAllocated",
+                "Assigned IP [\"10.0.0.1\"]",
+            ),
+            // The pool changes: `full` is released, and `old`, waiting,
+            // cannot have 10.0.0.2 before `full`, which had an address.
+            (
+                "ns/full",
+                EventType::Normal,
+                "ClearAssignment",
+                "current IP [\"10.0.0.1\"] not allowed by config, clearing: \
+                 10.0.0.1 is not in any pool",
+            ),
+            (
+                "ns/full",
+                EventType::Normal,
+                "IPAllocated",
+                "Assigned IP [\"10.0.0.2\"]",
+            ),
+        ];
+        let got: Vec<(String, EventType, String, String)> = h
+            .take()
+            .into_iter()
+            .filter_map(|r| match r {
+                Record::Event {
+                    key,
+                    event_type,
+                    reason,
+                    message,
+                } => Some((key, event_type, reason, message)),
+                _ => None,
+            })
+            .collect();
+        let expected: Vec<(String, EventType, String, String)> = expected
+            .iter()
+            .map(|(k, t, r, m)| (k.to_string(), *t, r.to_string(), m.to_string()))
+            .collect();
+        assert_eq!(got, expected);
+        // DeprecatedAnnotation is a Warning, on the write that gives `old`
+        // its address.
+        h.pool("a", addrs(&["10.0.0.2-10.0.0.3"])).await;
+        assert_eq!(
+            events(&h.take()),
+            [
+                "ns/old Normal IPAllocated",
+                "ns/old Warning DeprecatedAnnotation"
+            ]
+        );
+    }
+
+    // §4.7: a re-created Service (new uid) gets its AllocationFailed even
+    // when its delete and re-add are coalesced into one reconciliation.
+    #[tokio::test]
+    async fn a_recreated_service_gets_its_warning_again() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1"]))]).await;
+        h.add(svc("ns/holder")).await;
+        h.add(svc("ns/w")).await;
+        assert_eq!(
+            events(&h.take()),
+            [
+                "ns/holder Normal IPAllocated",
+                "ns/w Warning AllocationFailed"
+            ]
+        );
+        h.recreate(svc("ns/w")).await;
+        assert_eq!(events(&h.take()), ["ns/w Warning AllocationFailed"]);
+    }
+
+    #[tokio::test]
+    async fn no_ip_allocated_when_a_held_address_is_kept_at_restart() {
+        let h = Harness::new();
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.3", "fd00::1"])).await;
+        h.add(svc("ns/a").held(&["10.0.0.2"], "a")).await;
+        h.add(
+            svc("ns/d")
+                .dual("RequireDualStack", false)
+                .held(&["10.0.0.3", "fd00::1"], "a"),
+        )
+        .await;
+        h.sync().await;
+        assert!(h.take().is_empty());
+        assert_eq!(h.status("ns/d"), "10.0.0.3 fd00::1 @a");
+    }
+
+    #[tokio::test]
+    async fn an_identical_warning_is_not_repeated() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1"]))]).await;
+        h.add(svc("ns/holder")).await;
+        h.add(svc("ns/w")).await;
+        assert_eq!(
+            events(&h.take()),
+            [
+                "ns/holder Normal IPAllocated",
+                "ns/w Warning AllocationFailed"
+            ]
+        );
+        // Reconciled again and again, failing the same way: silence.
+        h.add(svc("ns/cip").kind("ClusterIP")).await;
+        h.delete("ns/cip").await;
+        h.edit("ns/w", |s| s.label("x", "y")).await;
+        h.pool("b", json!({"addresses": ["10.0.9.1"], "autoAssign": false}))
+            .await;
+        assert!(h.take().is_empty());
+        // Another failure is announced, and so is the first one again after it.
+        h.edit("ns/w", |s| s.in_pool("nope")).await;
+        h.edit("ns/w", |s| s.no_ann("metallb.io/address-pool"))
+            .await;
+        assert_eq!(
+            events(&h.take()),
+            [
+                "ns/w Warning AllocationFailed",
+                "ns/w Warning AllocationFailed"
+            ]
+        );
+        // An invalid request: announced once.
+        h.edit("ns/w", |s| s.request("nope")).await;
+        h.edit("ns/w", |s| s.label("x", "z")).await;
+        assert_eq!(events(&h.take()), ["ns/w Warning LoadBalancerFailed"]);
+        // A success forgets the warning: the same failure is news again.
+        h.edit("ns/w", |s| s.no_ann("metallb.io/loadBalancerIPs"))
+            .await;
+        h.take();
+        h.delete("ns/holder").await;
+        assert_eq!(h.status("ns/w"), "10.0.0.1 @a");
+        h.add(svc("ns/holder")).await;
+        assert_eq!(
+            events(&h.take()),
+            [
+                "ns/w Normal IPAllocated",
+                "ns/holder Warning AllocationFailed"
+            ]
+        );
+        // A deleted and re-created Service starts afresh.
+        h.delete("ns/holder").await;
+        h.add(svc("ns/holder")).await;
+        assert_eq!(events(&h.take()), ["ns/holder Warning AllocationFailed"]);
+    }
+}
+
+// ----- DESIGN.md §5: the manager, failures and rejected pools -----
+
+mod s5_manager {
+    use super::*;
+
+    /// A mixed workload: adds, sharing, dual stack, requests, deletes, a type
+    /// change, a pool change and an old-prefix annotation.
+    async fn churn(h: &Harness) {
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.30", "fd00::1-fd00::10"]))
+            .await;
+        h.pool(
+            "b",
+            json!({"addresses": ["10.0.1.1-10.0.1.10"], "autoAssign": false}),
+        )
+        .await;
+        h.sync().await;
+        for i in 0..12 {
+            h.add(svc(&format!("ns/s{i:02}"))).await;
+        }
+        for (i, port) in [80, 443, 8080, 80].iter().enumerate() {
+            h.add(
+                svc(&format!("ns/sh{i}"))
+                    .shared("k")
+                    .ports(&[("TCP", *port)]),
+            )
+            .await;
+        }
+        h.add(svc("ns/dual").dual("RequireDualStack", true)).await;
+        h.add(svc("ns/prefer").dual("PreferDualStack", false)).await;
+        h.add(svc("ns/req").request("10.0.0.25")).await;
+        h.add(svc("ns/in-b").in_pool("b")).await;
+        h.add(svc("ns/old").ann("metallb.universe.tf/address-pool", "b"))
+            .await;
+        h.delete("ns/s03").await;
+        h.delete("ns/s07").await;
+        h.edit("ns/s05", |s| s.kind("ClusterIP")).await;
+        h.add(svc("ns/late")).await;
+        h.pool("a", addrs(&["10.0.0.4-10.0.0.40", "fd00::1-fd00::10"]))
+            .await;
+        h.edit("ns/s11", |s| s.in_pool("b")).await;
+    }
+
+    fn events_by_key(records: &[Record]) -> BTreeMap<String, Vec<String>> {
+        let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for event in events(records) {
+            let (key, rest) = event.split_once(' ').unwrap();
+            by_key
+                .entry(key.to_owned())
+                .or_default()
+                .push(rest.to_owned());
+        }
+        by_key
+    }
+
+    fn statuses(h: &Harness) -> BTreeMap<String, String> {
+        h.store
+            .services
+            .iter()
+            .map(|e| (e.key().clone(), h.status(e.key())))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_failing_every_third_write_still_converges() {
+        let h = Harness::with(ControllerConfig::default(), Some(3));
+        churn(&h).await;
+        let reference = Harness::new();
+        churn(&reference).await;
+
+        let records = h.all();
+        let failed = records
+            .iter()
+            .filter(|r| matches!(r, Record::FailedWrite { .. }))
+            .count();
+        assert!(failed >= 5, "only {failed} failed writes");
+        assert_eq!(h.controller.stats().write_errors, failed as u64);
+
+        // Every LoadBalancer Service has its addresses, as without failures.
+        let got = statuses(&h);
+        for (key, status) in &got {
+            if key == "ns/s05" {
+                assert_eq!(status, "none");
+            } else {
+                assert!(status.starts_with("10.0."), "{key}: {status}");
+            }
+        }
+        assert_eq!(got, statuses(&reference));
+        assert_eq!(h.controller.holdings(), reference.controller.holdings());
+        assert_eq!(h.controller.pool_stats(), reference.controller.pool_stats());
+
+        // No address handed out twice but to the sharing group.
+        let mut owners: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for holding in h.controller.holdings() {
+            for ip in holding.ips {
+                owners
+                    .entry(ip.to_string())
+                    .or_default()
+                    .push(holding.key.clone());
+            }
+        }
+        for (ip, keys) in owners {
+            assert!(
+                keys.len() == 1 || keys.iter().all(|k| k.starts_with("ns/sh")),
+                "{ip} held by {keys:?}"
+            );
+        }
+
+        // Events are announced once, on the write that succeeded: per
+        // Service, the same events as without failures.
+        assert_eq!(events_by_key(&records), events_by_key(&reference.all()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_write_is_retried_and_its_events_come_once() {
+        // Attempts 2, 4, 6, ... fail.
+        let h = Harness::with(ControllerConfig::default(), Some(2));
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.3"])).await;
+        h.sync().await;
+        h.add(svc("ns/a")).await;
+        h.add(svc("ns/b").ann("metallb.universe.tf/allow-shared-ip", "k"))
+            .await;
+        assert_eq!(
+            log(&h.take()),
+            [
+                "ns/a <- 10.0.0.1 @a",
+                "ns/a Normal IPAllocated",
+                "ns/b <- FAILED",
+                "ns/b <- 10.0.0.2 @a",
+                "ns/b Normal IPAllocated",
+                "ns/b Warning DeprecatedAnnotation"
+            ]
+        );
+        // A failing clear after a type change is retried too.
+        h.edit("ns/a", |s| s.kind("ClusterIP")).await;
+        assert_eq!(log(&h.take()), ["ns/a <- FAILED", "ns/a <-  @-"]);
+        assert_eq!(h.status("ns/a"), "none");
+        // A Warning whose write failed is announced when the retry succeeds.
+        h.pool(
+            "a",
+            json!({"addresses": ["10.0.0.1-10.0.0.3"], "serviceAllocation": {"namespaces": ["other"]}}),
+        )
+        .await;
+        assert_eq!(
+            log(&h.take()),
+            [
+                "ns/b <- FAILED",
+                "ns/b <-  @-",
+                "ns/b Normal ClearAssignment",
+                "ns/b Warning AllocationFailed",
+                "ns/b Warning DeprecatedAnnotation"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_change_of_an_older_pool_can_reject_a_newer_one() {
+        let h = Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1-10.0.0.3"])),
+            ("b", addrs(&["10.0.1.1-10.0.1.3"])),
+        ])
+        .await;
+        h.add(svc("ns/s").in_pool("b")).await;
+        h.add(svc("ns/t").in_pool("b")).await;
+        assert_eq!(h.status("ns/t"), "10.0.1.2 @b");
+        h.take();
+        // `a` (older) now overlaps `b`: `b` is rejected and does not exist
+        // for allocation any more.
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.3", "10.0.1.2-10.0.1.3"]))
+            .await;
+        let rejected = h.controller.rejected_pools();
+        assert_eq!(rejected.len(), 1);
+        assert_eq!(rejected[0].name, "b");
+        assert_eq!(h.status("ns/s"), "none");
+        assert_eq!(h.status("ns/t"), "none");
+        let records = h.take();
+        assert_eq!(
+            events(&records),
+            [
+                "ns/s Normal ClearAssignment",
+                "ns/s Warning AllocationFailed",
+                "ns/t Normal ClearAssignment",
+                "ns/t Warning AllocationFailed"
+            ]
+        );
+        assert!(messages(&records)[1].ends_with("unknown pool \"b\""));
+    }
+
+    // §3.1: a pool rejected because an older pool changed to overlap it is
+    // logged and counted too.
+    #[tokio::test]
+    async fn a_pool_rejected_by_another_pools_change_is_counted() {
+        let h = Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1-10.0.0.3"])),
+            ("b", addrs(&["10.0.1.1-10.0.1.3"])),
+        ])
+        .await;
+        assert_eq!(h.controller.stats().pool_rejections, 0);
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.3", "10.0.1.2-10.0.1.3"]))
+            .await;
+        assert_eq!(h.controller.rejected_pools().len(), 1);
+        assert_eq!(h.controller.stats().pool_rejections, 1);
+    }
+
+    // §3.1/§4.5: the older of two overlapping pools (by creationTimestamp)
+    // stays, whatever order a restarted host lists them in.
+    #[tokio::test]
+    async fn the_older_of_two_overlapping_pools_stays_across_a_restart() {
+        let first = Harness::new();
+        first
+            .pool_created(
+                "z-old",
+                "2020-01-01T00:00:00Z",
+                addrs(&["10.0.0.1-10.0.0.8"]),
+            )
+            .await;
+        first
+            .pool_created(
+                "a-new",
+                "2024-01-01T00:00:00Z",
+                addrs(&["10.0.0.5-10.0.0.6"]),
+            )
+            .await;
+        first.sync().await;
+        assert_eq!(first.controller.rejected_pools()[0].name, "a-new");
+        first.add(svc("ns/s").request("10.0.0.5")).await;
+        assert_eq!(first.status("ns/s"), "10.0.0.5 @z-old");
+
+        // Restart: the list comes in name order.
+        let h = Harness::new();
+        h.pool_created(
+            "a-new",
+            "2024-01-01T00:00:00Z",
+            addrs(&["10.0.0.5-10.0.0.6"]),
+        )
+        .await;
+        h.pool_created(
+            "z-old",
+            "2020-01-01T00:00:00Z",
+            addrs(&["10.0.0.1-10.0.0.8"]),
+        )
+        .await;
+        let s = first.service("ns/s").unwrap();
+        h.add(Svc(serde_json::to_value(&*s).unwrap())).await;
+        h.sync().await;
+        assert_eq!(h.controller.rejected_pools()[0].name, "a-new");
+        assert_eq!(h.status("ns/s"), "10.0.0.5 @z-old");
+        assert!(h.take().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_rejected_pool_is_counted_and_the_others_keep_working() {
+        let h = Harness::new();
+        h.pool("bad", addrs(&["10.0.0.300"])).await;
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.3"])).await;
+        h.sync().await;
+        assert_eq!(h.controller.stats().pool_rejections, 1);
+        let rejected = h.controller.rejected_pools();
+        assert_eq!(rejected.len(), 1);
+        assert_eq!(rejected[0].name, "bad");
+        assert!(rejected[0].reason.contains("is not an IP address"));
+        h.add(svc("ns/x")).await;
+        assert_eq!(h.status("ns/x"), "10.0.0.1 @a");
+        // Naming a rejected pool is naming an unknown pool.
+        h.add(svc("ns/y").in_pool("bad")).await;
+        assert!(messages(&h.take()).contains(
+            &"ns/y AllocationFailed: Failed to allocate IP for \"ns/y\": unknown pool \"bad\""
+                .to_owned()
+        ));
+        // An overlap: the newer pool is rejected, the older keeps working.
+        h.pool("wide", addrs(&["10.0.0.0/29"])).await;
+        assert_eq!(h.controller.stats().pool_rejections, 2);
+        assert!(h.controller.rejected_pools()[1]
+            .reason
+            .contains("of pool \"a\""));
+        h.add(svc("ns/z")).await;
+        assert_eq!(h.status("ns/z"), "10.0.0.2 @a");
+        h.take();
+        // Deleting the older brings the newer in: held addresses stay, only
+        // the annotation changes.
+        h.delete_pool("a").await;
+        assert_eq!(h.controller.rejected_pools().len(), 1);
+        assert_eq!(h.status("ns/x"), "10.0.0.1 @wide");
+        assert_eq!(h.status("ns/z"), "10.0.0.2 @wide");
+        assert_eq!(
+            log(&h.take()),
+            ["ns/x <- 10.0.0.1 @wide", "ns/z <- 10.0.0.2 @wide"]
+        );
+        // Fixing the bad pool brings it in.
+        h.pool("bad", addrs(&["10.0.3.1"])).await;
+        assert_eq!(h.status("ns/y"), "10.0.3.1 @bad");
+        assert_eq!(h.controller.stats().pool_rejections, 2);
+    }
+}
