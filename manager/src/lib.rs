@@ -18,3 +18,8 @@ pub use controller::{
 };
 pub use manager::{Manager, ManagerConfig};
 pub use store::{DashMapStore, Store};
+
+/// The README's code examples, compiled and run as doc tests.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
