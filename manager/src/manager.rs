@@ -191,16 +191,15 @@ impl State {
     }
 
     /// Books the outcome of the in-flight `key` and queues what follows
-    /// from it; `all` is every known Service in `Reconsider::All` order when
-    /// the outcome asked for it. `follow` is false in the sync pass, where
-    /// everything is considered next anyway.
+    /// from it (`Reconsider::All` is the caller's two-pass business).
+    /// `follow` is false in the sync pass, where everything is considered
+    /// next anyway.
     fn finish(
         &mut self,
         key: QueueKey,
         deleted: bool,
         outcome: SyncOutcome,
         follow: bool,
-        all: Vec<String>,
         config: &ManagerConfig,
     ) {
         self.in_flight = None;
@@ -257,7 +256,7 @@ impl State {
         match outcome.reconsider {
             Reconsider::None => {}
             Reconsider::Keys(keys) => others.extend(keys),
-            Reconsider::All => others.extend(all),
+            Reconsider::All => {}
         }
         for other in others {
             if service != Some(other.as_str()) {
@@ -266,9 +265,10 @@ impl State {
         }
     }
 
-    /// Ends the sync passes: Pool and Namespace keys that came meanwhile
-    /// first, then the Services in `order`, then any other queued Service.
-    fn finish_sync(&mut self, order: Vec<String>) {
+    /// Queues the second of the two passes: Pool and Namespace keys already
+    /// queued first, then the Services in `order`, then any other queued
+    /// Service.
+    fn reorder_services(&mut self, order: Vec<String>) {
         let old = std::mem::take(&mut self.queue);
         self.queued.clear();
         let (services, others): (Vec<_>, Vec<_>) = old
@@ -279,7 +279,6 @@ impl State {
             .into_iter()
             .for_each(|key| self.enqueue(QueueKey::Service(key)));
         services.into_iter().for_each(|key| self.enqueue(key));
-        self.synced = true;
     }
 }
 
@@ -469,11 +468,29 @@ impl<C: Controller> Manager<C> {
                 return false;
             }
         }
+        let order = self.restore_pass().await;
+        self.inner.controller.mark_synced();
+        self.with_state(|state| {
+            state.reorder_services(order);
+            state.synced = true;
+        });
+        tracing::info!("sync passes done");
+        true
+    }
+
+    /// The first of the two passes of DESIGN.md §4.5 (at sync and after a
+    /// pool or Namespace change): every known Service, in first-seen order,
+    /// keeps its status addresses if still allowed or releases them. Returns
+    /// the order of the second pass: those that had to release first, then
+    /// those without addresses, then those that kept theirs (a
+    /// PreferDualStack one completing its missing family gets nothing before
+    /// the ones left without).
+    async fn restore_pass(&self) -> Vec<String> {
         let known = State::in_order(&self.state().first_seen);
         let (mut kept, mut release, mut nothing) = (Vec::new(), Vec::new(), Vec::new());
         for key in known {
             let restored = match self.inner.store.service(&key) {
-                Some(service) => self.inner.controller.restore(&key, &service),
+                Some(service) => self.inner.controller.restore(&key, &service).await,
                 None => RestoreOutcome::Nothing,
             };
             tracing::debug!(key, ?restored, "restored");
@@ -483,15 +500,9 @@ impl<C: Controller> Manager<C> {
                 RestoreOutcome::Nothing => nothing.push(key),
             }
         }
-        self.inner.controller.mark_synced();
-        // Those that had to release first, then those without addresses,
-        // then those that kept theirs (a PreferDualStack one completing its
-        // missing family gets nothing before the ones left without).
         release.append(&mut nothing);
         release.append(&mut kept);
-        self.with_state(|state| state.finish_sync(release));
-        tracing::info!("sync passes done");
-        true
+        release
     }
 
     /// Reconciles `key`, which is in flight, and books the outcome.
@@ -524,13 +535,13 @@ impl<C: Controller> Manager<C> {
             }
         };
         tracing::debug!(kind, key = name, deleted, ?outcome, "processed");
-        let all = if follow && outcome.reconsider == Reconsider::All {
-            self.all_services()
-        } else {
-            Vec::new()
-        };
+        let reconsider_all = follow && outcome.reconsider == Reconsider::All;
         let config = &self.inner.config;
-        self.with_state(|state| state.finish(key, deleted, outcome, follow, all, config));
+        self.with_state(|state| state.finish(key, deleted, outcome, follow, config));
+        if reconsider_all {
+            let order = self.restore_pass().await;
+            self.with_state(|state| state.reorder_services(order));
+        }
     }
 
     /// A Service event: the key is first seen now unless it is known.
@@ -543,31 +554,6 @@ impl<C: Controller> Manager<C> {
             }
         });
     }
-
-    /// Every known Service: those with addresses in their status first, then
-    /// the others, each group in first-seen order.
-    fn all_services(&self) -> Vec<String> {
-        let known = State::in_order(&self.state().first_seen);
-        let (mut with, without): (Vec<_>, Vec<_>) = known.into_iter().partition(|key| {
-            self.inner
-                .store
-                .service(key)
-                .is_some_and(|service| has_addresses(&service))
-        });
-        with.extend(without);
-        with
-    }
-}
-
-/// Whether `status.loadBalancer.ingress` is non-empty.
-fn has_addresses(service: &Service) -> bool {
-    let status = service
-        .status
-        .as_ref()
-        .and_then(|status| status.load_balancer.as_ref());
-    status
-        .and_then(|lb| lb.ingress.as_ref())
-        .is_some_and(|ingress| !ingress.is_empty())
 }
 
 #[async_trait]
@@ -699,7 +685,7 @@ mod tests {
             self.call(format!("ns{} {name}", deleted(namespace.is_some())), name)
         }
 
-        fn restore(&self, key: &str, _: &Service) -> RestoreOutcome {
+        async fn restore(&self, key: &str, _: &Service) -> RestoreOutcome {
             self.calls
                 .lock()
                 .unwrap()
@@ -1096,7 +1082,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn reconsider_queues_the_keys_or_every_service_with_addresses_first() {
+    async fn reconsider_queues_the_keys_or_every_service_in_two_passes() {
         let h = harness(ManagerConfig::default());
         h.add("ns/s1", false).await;
         h.add("ns/s2", true).await;
@@ -1108,12 +1094,28 @@ mod tests {
             reconsider: Reconsider::All,
             ..SyncOutcome::success()
         };
+        // Two passes, as at sync: restore everything in first-seen order,
+        // then those that released, those without addresses, those kept.
+        h.fake.restores.lock().unwrap().extend([
+            ("ns/s2".to_owned(), RestoreOutcome::Kept),
+            ("ns/s4".to_owned(), RestoreOutcome::MustRelease),
+        ]);
         h.script("p", [all()]);
         h.add_pool("p").await;
         h.manager.idle().await;
         assert_eq!(
             h.take_calls(),
-            ["pool p", "svc ns/s2", "svc ns/s4", "svc ns/s1", "svc ns/s3"]
+            [
+                "pool p",
+                "restore ns/s1",
+                "restore ns/s2",
+                "restore ns/s3",
+                "restore ns/s4",
+                "svc ns/s4",
+                "svc ns/s1",
+                "svc ns/s3",
+                "svc ns/s2"
+            ]
         );
 
         // Deleted and re-created: last in its group.
@@ -1126,7 +1128,17 @@ mod tests {
         h.manager.idle().await;
         assert_eq!(
             h.take_calls(),
-            ["ns n", "svc ns/s4", "svc ns/s2", "svc ns/s1", "svc ns/s3"]
+            [
+                "ns n",
+                "restore ns/s1",
+                "restore ns/s3",
+                "restore ns/s4",
+                "restore ns/s2",
+                "svc ns/s4",
+                "svc ns/s1",
+                "svc ns/s3",
+                "svc ns/s2"
+            ]
         );
 
         // Explicit keys, never the reconciled key itself.

@@ -1232,9 +1232,10 @@ mod s4_4_choosing {
         let records = h.take();
         assert_eq!(
             log(&records),
+            // The restore pass announces every ClearAssignment first (§4.5, §4.6).
             [
-                "ns/a <- 10.0.1.1 @q",
                 "ns/a Normal ClearAssignment",
+                "ns/a <- 10.0.1.1 @q",
                 "ns/a Normal IPAllocated"
             ]
         );
@@ -1526,10 +1527,11 @@ mod s4_4_choosing {
         let records = h.take();
         assert_eq!(
             events(&records),
+            // The restore pass announces every ClearAssignment first (§4.5, §4.6).
             [
                 "ns/a Normal ClearAssignment",
-                "ns/a Normal IPAllocated",
                 "ns/b Normal ClearAssignment",
+                "ns/a Normal IPAllocated",
                 "ns/b Normal IPAllocated"
             ]
         );
@@ -1671,9 +1673,10 @@ mod s4_5_sync {
         assert_eq!(h.status("ns/a-new"), "10.0.0.5 @a");
         assert_eq!(
             log(&h.take()),
+            // The restore pass announces every ClearAssignment first (§4.5, §4.6).
             [
-                "ns/b-second <- 10.0.0.2 @a",
                 "ns/b-second Normal ClearAssignment",
+                "ns/b-second <- 10.0.0.2 @a",
                 "ns/b-second Normal IPAllocated",
                 "ns/e-new <- 10.0.0.4 @a",
                 "ns/e-new Normal IPAllocated",
@@ -1758,10 +1761,11 @@ mod s4_5_sync {
         assert_eq!(h.status("ns/junk"), "10.0.0.3 @a");
         assert_eq!(
             events(&h.take()),
+            // The restore pass announces every ClearAssignment first (§4.5, §4.6).
             [
                 "ns/out Normal ClearAssignment",
-                "ns/out Normal IPAllocated",
                 "ns/junk Normal ClearAssignment",
+                "ns/out Normal IPAllocated",
                 "ns/junk Normal IPAllocated"
             ]
         );
@@ -1990,12 +1994,13 @@ mod s4_6_changes {
         let records = h.take();
         assert_eq!(
             log(&records),
+            // The restore pass announces every ClearAssignment first (§4.5, §4.6).
             [
-                "ns/x <- 10.0.1.1 @b",
                 "ns/x Normal ClearAssignment",
+                "ns/y Normal ClearAssignment",
+                "ns/x <- 10.0.1.1 @b",
                 "ns/x Normal IPAllocated",
                 "ns/y <-  @-",
-                "ns/y Normal ClearAssignment",
                 "ns/y Warning AllocationFailed"
             ]
         );
@@ -2393,10 +2398,11 @@ mod s5_manager {
         .await;
         assert_eq!(
             log(&h.take()),
+            // The restore pass announces every ClearAssignment first (§4.5, §4.6).
             [
+                "ns/b Normal ClearAssignment",
                 "ns/b <- FAILED",
                 "ns/b <-  @-",
-                "ns/b Normal ClearAssignment",
                 "ns/b Warning AllocationFailed",
                 "ns/b Warning DeprecatedAnnotation"
             ]
@@ -2426,14 +2432,15 @@ mod s5_manager {
         let records = h.take();
         assert_eq!(
             events(&records),
+            // The restore pass announces every ClearAssignment first (§4.5, §4.6).
             [
                 "ns/s Normal ClearAssignment",
-                "ns/s Warning AllocationFailed",
                 "ns/t Normal ClearAssignment",
+                "ns/s Warning AllocationFailed",
                 "ns/t Warning AllocationFailed"
             ]
         );
-        assert!(messages(&records)[1].ends_with("unknown pool \"b\""));
+        assert!(messages(&records)[2].ends_with("unknown pool \"b\""));
     }
 
     // §3.1: a pool rejected because an older pool changed to overlap it is

@@ -76,6 +76,9 @@ struct State {
     /// announced again.
     last_warning: HashMap<String, (String, String, String)>,
     namespace_labels: HashMap<String, BTreeMap<String, String>>,
+    /// Status addresses the restore pass released and announced
+    /// (`ClearAssignment`), so the second pass does not announce them again.
+    cleared: HashMap<String, Vec<String>>,
 }
 
 /// The controller that applies DESIGN.md §4 on an [`Allocator`].
@@ -106,6 +109,9 @@ struct Plan {
     outcome: SyncOutcome,
     /// A Warning recorded for dedup, to forget if the write fails.
     warned: bool,
+    /// The restore pass's `ClearAssignment` this plan relied on, to keep if
+    /// the write fails (the retry must not announce it again).
+    announced_clear: Option<Vec<String>>,
 }
 
 impl Plan {
@@ -115,6 +121,7 @@ impl Plan {
             events: Vec::new(),
             outcome,
             warned: false,
+            announced_clear: None,
         }
     }
 }
@@ -261,6 +268,8 @@ impl AllocatingController {
 
     /// Decides one Service (DESIGN.md §4.1–4.7).
     fn plan(&self, state: &mut State, key: &str, service: Option<&Service>) -> Plan {
+        // Released and announced by the restore pass, if so.
+        let announced_clear = state.cleared.remove(key);
         let Some(service) = service else {
             state.allocator.release(key);
             state.last_warning.remove(key);
@@ -296,7 +305,9 @@ impl AllocatingController {
             None => {
                 if !status_strings.is_empty() || before.is_some() {
                     state.allocator.release(key);
-                    if !status_strings.is_empty() {
+                    if !status_strings.is_empty()
+                        && announced_clear.as_ref() != Some(&status_strings)
+                    {
                         events.push(clear_event(
                             &status_strings,
                             "the service has no cluster IP",
@@ -341,7 +352,9 @@ impl AllocatingController {
                         Err(reason) => {
                             debug!(key, %reason, "held address no longer allowed");
                             state.allocator.release(key);
-                            events.push(clear_event(&status_strings, &reason));
+                            if announced_clear.as_ref() != Some(&status_strings) {
+                                events.push(clear_event(&status_strings, &reason));
+                            }
                         }
                     }
                 } else if before.is_some() {
@@ -454,6 +467,7 @@ impl AllocatingController {
             events,
             outcome,
             warned,
+            announced_clear,
         }
     }
 
@@ -479,6 +493,64 @@ impl AllocatingController {
             events: Vec::new(),
             outcome,
             warned: false,
+            announced_clear: None,
+        }
+    }
+
+    /// [`Controller::restore`] under the lock: keeps the status addresses
+    /// or releases them, returning the `ClearAssignment` to emit.
+    fn restore_locked(
+        &self,
+        state: &mut State,
+        key: &str,
+        service: &Service,
+    ) -> (RestoreOutcome, Option<Event>) {
+        if !is_ours(service, self.config.lb_class.as_deref()) {
+            return (RestoreOutcome::Nothing, None);
+        }
+        let status_strings = status_ip_strings(service);
+        if status_strings.is_empty() {
+            return (RestoreOutcome::Nothing, None);
+        }
+        let view = ServiceView::new(service);
+        let namespace_labels = self.namespace_labels(&view.namespace);
+        let kept = match (status_ips(service), view.families) {
+            (Err(reason), _) => Err(reason),
+            (Ok(_), None) => Err("the service has no cluster IP".to_owned()),
+            (Ok(ips), Some(families)) => {
+                let no_addresses: Vec<IpAddr> = Vec::new();
+                let request = Request {
+                    key,
+                    subject: Subject {
+                        namespace: &view.namespace,
+                        labels: &view.labels,
+                        namespace_labels: &namespace_labels,
+                    },
+                    families,
+                    sharing_key: &view.sharing_key,
+                    backend_key: &view.backend_key,
+                    ports: &view.ports,
+                    pool: view.pool.as_deref(),
+                    // An invalid request keeps what it holds (§4.2).
+                    addresses: view.requested.as_ref().unwrap_or(&no_addresses),
+                };
+                state
+                    .allocator
+                    .keep(&request, &ips)
+                    .map_err(|e| e.to_string())
+            }
+        };
+        match kept {
+            Ok(_) => (RestoreOutcome::Kept, None),
+            Err(reason) => {
+                debug!(key, %reason, "held address no longer allowed");
+                state.allocator.release(key);
+                state.cleared.insert(key.to_owned(), status_strings.clone());
+                (
+                    RestoreOutcome::MustRelease,
+                    Some(clear_event(&status_strings, &reason)),
+                )
+            }
         }
     }
 
@@ -487,10 +559,15 @@ impl AllocatingController {
             if let Err(error) = self.client.write_service(key, write).await {
                 self.write_errors.fetch_add(1, Ordering::Relaxed);
                 warn!(key, %error, "status write failed; will retry");
+                let mut state = self.lock();
                 if plan.warned {
                     // Not announced after all: announce it on the retry.
-                    self.lock().last_warning.remove(key);
+                    state.last_warning.remove(key);
                 }
+                if let Some(cleared) = plan.announced_clear.clone() {
+                    state.cleared.insert(key.to_owned(), cleared);
+                }
+                drop(state);
                 let mut outcome = plan.outcome;
                 outcome.state = SyncState::Retry(error.to_string());
                 return outcome;
@@ -626,43 +703,18 @@ impl Controller for AllocatingController {
         outcome
     }
 
-    fn restore(&self, key: &str, service: &Service) -> RestoreOutcome {
-        if !is_ours(service, self.config.lb_class.as_deref()) {
-            return RestoreOutcome::Nothing;
-        }
-        let status_strings = status_ip_strings(service);
-        if status_strings.is_empty() {
-            return RestoreOutcome::Nothing;
-        }
-        let (Ok(ips), Some(families)) = (status_ips(service), ServiceView::new(service).families)
-        else {
-            return RestoreOutcome::MustRelease;
+    async fn restore(&self, key: &str, service: &Service) -> RestoreOutcome {
+        let (outcome, clear) = {
+            let mut state = self.lock();
+            self.restore_locked(&mut state, key, service)
         };
-        let view = ServiceView::new(service);
-        let namespace_labels = self.namespace_labels(&view.namespace);
-        let no_addresses: Vec<IpAddr> = Vec::new();
-        let request = Request {
-            key,
-            subject: Subject {
-                namespace: &view.namespace,
-                labels: &view.labels,
-                namespace_labels: &namespace_labels,
-            },
-            families,
-            sharing_key: &view.sharing_key,
-            backend_key: &view.backend_key,
-            ports: &view.ports,
-            pool: view.pool.as_deref(),
-            addresses: view.requested.as_ref().unwrap_or(&no_addresses),
-        };
-        let mut state = self.lock();
-        match state.allocator.keep(&request, &ips) {
-            Ok(_) => RestoreOutcome::Kept,
-            Err(reason) => {
-                debug!(key, %reason, "restored address not allowed");
-                RestoreOutcome::MustRelease
+        if let Some(clear) = clear {
+            if let Err(error) = self.client.emit_event(key, &clear).await {
+                self.event_errors.fetch_add(1, Ordering::Relaxed);
+                warn!(key, %error, reason = %clear.reason, "could not emit event");
             }
         }
+        outcome
     }
 
     fn mark_synced(&self) {

@@ -56,8 +56,10 @@ pub enum Reconsider {
     None,
     /// These keys (e.g. the others on a shared address).
     Keys(Vec<String>),
-    /// Every Service, those with addresses in their status first (DESIGN.md §4.5
-    /// order): after a pool or Namespace change.
+    /// Every Service, in two passes as at sync (DESIGN.md §4.5, §4.6): first
+    /// every Service keeps what is still allowed ([`Controller::restore`]),
+    /// then the others are reconsidered, those that had to release first.
+    /// After a pool or Namespace change.
     All,
 }
 
@@ -83,9 +85,11 @@ pub trait Controller: Send + Sync + 'static {
     async fn set_pool(&self, name: &str, pool: Option<&IPAddressPool>) -> SyncOutcome;
     /// Applies a Namespace change; `None` when it is deleted.
     async fn set_namespace(&self, name: &str, namespace: Option<&Namespace>) -> SyncOutcome;
-    /// The first pass at sync: keep the Service's status addresses if still
-    /// allowed; hand out nothing, write nothing.
-    fn restore(&self, key: &str, service: &Service) -> RestoreOutcome;
+    /// The first pass of DESIGN.md §4.5 (at sync, and after a pool or
+    /// Namespace change): keep the Service's status addresses if still
+    /// allowed, release them (with `ClearAssignment`) if not; hand out
+    /// nothing, write no status.
+    async fn restore(&self, key: &str, service: &Service) -> RestoreOutcome;
     /// The host's initial list is complete; called after the restore pass.
     fn mark_synced(&self);
 }
