@@ -4,6 +4,8 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use crate::count::AddressCount;
+
 /// An IP family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -106,9 +108,8 @@ impl Usable {
     }
 
     /// How many usable values lie in `first..=last` (`first <= last`).
-    pub(crate) fn count(self, first: u128, last: u128) -> u128 {
-        // Saturates for ::/0, whose 2^128 addresses no u128 can count.
-        let all = (last - first).saturating_add(1);
+    pub(crate) fn count(self, first: u128, last: u128) -> AddressCount {
+        let all = AddressCount::span(first, last);
         if !self.avoid_buggy || self.family == Family::V6 {
             return all;
         }
@@ -116,7 +117,7 @@ impl Usable {
             let up_to = |n: u128| if n < low { 0 } else { (n - low) / 256 + 1 };
             up_to(last) - first.checked_sub(1).map_or(0, up_to)
         };
-        all - with_low_byte(0) - with_low_byte(0xff)
+        all.minus(with_low_byte(0) + with_low_byte(0xff))
     }
 }
 
@@ -135,15 +136,26 @@ mod tests {
             avoid_buggy: true,
         };
         // .250 to .5 of the next /24: .255 and .0 are avoided.
-        assert_eq!(usable.count(v4("10.0.0.250"), v4("10.0.1.5")), 10);
-        // A /23: 512 addresses less two .0 and two .255.
-        assert_eq!(usable.count(v4("10.0.0.0"), v4("10.0.1.255")), 508);
-        assert_eq!(usable.count(v4("0.0.0.0"), v4("0.0.0.0")), 0);
         assert_eq!(
-            usable.count(v4("255.255.255.255"), v4("255.255.255.255")),
-            0
+            usable.count(v4("10.0.0.250"), v4("10.0.1.5")).get(),
+            Some(10)
         );
-        assert_eq!(usable.count(v4("10.0.0.1"), v4("10.0.0.254")), 254);
+        // A /23: 512 addresses less two .0 and two .255.
+        assert_eq!(
+            usable.count(v4("10.0.0.0"), v4("10.0.1.255")).get(),
+            Some(508)
+        );
+        assert_eq!(usable.count(v4("0.0.0.0"), v4("0.0.0.0")).get(), Some(0));
+        assert_eq!(
+            usable
+                .count(v4("255.255.255.255"), v4("255.255.255.255"))
+                .get(),
+            Some(0)
+        );
+        assert_eq!(
+            usable.count(v4("10.0.0.1"), v4("10.0.0.254")).get(),
+            Some(254)
+        );
     }
 
     #[test]
@@ -170,6 +182,7 @@ mod tests {
             avoid_buggy: true,
         };
         assert_eq!(plain.next_at_or_above(u128::MAX), Some(u128::MAX));
-        assert_eq!(plain.count(0, u128::MAX - 1), u128::MAX);
+        assert_eq!(plain.count(0, u128::MAX - 1).get(), Some(u128::MAX));
+        assert_eq!(plain.count(0, u128::MAX), AddressCount::ALL_IPV6);
     }
 }

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::addr::{from_int, to_int, Family};
+use crate::count::AddressCount;
 use crate::error::{AllocError, ShareConflict};
 use crate::pool::{Pool, PoolError};
 use crate::request::{FamilyPolicy, Port, Request};
@@ -23,8 +24,8 @@ pub struct Holding {
 /// Usable and assigned addresses of one family in one pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FamilyStats {
-    /// Usable addresses (after avoidBuggyIPs); saturates at `u128::MAX`.
-    pub total: u128,
+    /// Usable addresses (after avoidBuggyIPs), up to 2^128.
+    pub total: AddressCount,
     /// Addresses in use; a shared address counts once.
     pub assigned: u128,
 }
@@ -83,7 +84,7 @@ struct PoolState {
     /// Addresses held by sharing services, by group, per family: where a
     /// Service with a sharing key may stack.
     shared: [HashMap<Group, BTreeSet<u128>>; 2],
-    totals: [u128; 2],
+    totals: [AddressCount; 2],
 }
 
 impl PoolState {

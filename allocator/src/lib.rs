@@ -17,6 +17,7 @@
 
 mod addr;
 mod alloc;
+mod count;
 mod error;
 mod pool;
 mod request;
@@ -29,6 +30,7 @@ mod tests;
 
 pub use addr::Family;
 pub use alloc::{Allocator, FamilyStats, Holding, PoolChange, PoolStats, RejectedPool, Released};
+pub use count::AddressCount;
 pub use error::{AllocError, ShareConflict};
 pub use pool::{parse_entry, AddrRange, Pool, PoolError, ServiceAllocation, Subject};
 pub use request::{FamilyPolicy, Port, Protocol, Request};

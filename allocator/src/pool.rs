@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::addr::{from_int, to_int, Family, Usable};
+use crate::count::AddressCount;
 use crate::selector::{Selector, SelectorError};
 use crate::spec::{IPAddressPoolSpec, LabelSelectorSpec};
 
@@ -195,13 +196,13 @@ impl Pool {
     }
 
     /// Usable addresses of `family` (after avoidBuggyIPs).
-    pub fn total(&self, family: Family) -> u128 {
+    pub fn total(&self, family: Family) -> AddressCount {
         let usable = self.usable(family);
         self.ranges
             .iter()
             .filter(|r| r.family == family)
             .map(|r| usable.count(r.first, r.last))
-            .fold(0u128, u128::saturating_add)
+            .fold(AddressCount::new(0), AddressCount::plus)
     }
 
     /// Whether the pool is pinned (has `serviceAllocation`).
@@ -373,8 +374,8 @@ mod tests {
                 "fd01::1-fd01::2"
             ]
         );
-        assert_eq!(pool.total(Family::V4), 256 + 3 + 1);
-        assert_eq!(pool.total(Family::V6), (1u128 << 64) + 2);
+        assert_eq!(pool.total(Family::V4).get(), Some(256 + 3 + 1));
+        assert_eq!(pool.total(Family::V6).get(), Some((1u128 << 64) + 2));
         assert!(pool.auto_assign);
         assert!(!pool.avoid_buggy_ips);
     }
@@ -382,15 +383,15 @@ mod tests {
     #[test]
     fn host_and_all_space_prefixes() {
         let pool = Pool::parse("p", &spec(&["10.0.0.7/32", "fd00::7/128"])).unwrap();
-        assert_eq!(pool.total(Family::V6), 1);
-        assert_eq!(pool.total(Family::V4), 1);
+        assert_eq!(pool.total(Family::V6).get(), Some(1));
+        assert_eq!(pool.total(Family::V4).get(), Some(1));
         // ::/0 overlaps fd00::7/128.
         assert!(matches!(
             Pool::parse("p", &spec(&["fd00::7/128", "::/0"])),
             Err(PoolError::SelfOverlap { .. })
         ));
         let all = Pool::parse("p", &spec(&["::/0"])).unwrap();
-        assert_eq!(all.total(Family::V6), u128::MAX);
+        assert_eq!(all.total(Family::V6), AddressCount::ALL_IPV6);
     }
 
     #[test]
@@ -432,7 +433,7 @@ mod tests {
         let mut s = spec(&["10.0.0.0/23"]);
         s.avoid_buggy_ips = Some(true);
         let pool = Pool::parse("p", &s).unwrap();
-        assert_eq!(pool.total(Family::V4), 508);
+        assert_eq!(pool.total(Family::V4).get(), Some(508));
         assert!(!pool.allows("10.0.0.255".parse().unwrap()));
         assert!(!pool.allows("10.0.1.0".parse().unwrap()));
         assert!(pool.allows("10.0.1.1".parse().unwrap()));

@@ -10,9 +10,10 @@
 //!   auto-assign: false      # default true
 //! ```
 //!
-//! Other top-level keys (`peers`, `bgp-communities`) are ignored. Only the
-//! file's shape is checked here; the addresses are checked like those of
-//! any pool object, by the controller.
+//! Other top-level keys (`peers`, `bgp-communities`) are ignored. Each entry
+//! is validated as a pool on its own (addresses, ranges): an invalid entry
+//! makes the file invalid, with the file and the entry named (DESIGN.md
+//! §3.2). Overlaps with pool objects are the controller's business.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -125,17 +126,19 @@ pub fn parse_legacy_config(file: &str, text: &str) -> Result<Vec<IPAddressPool>,
         if !names.insert(pool.name.clone()) {
             return Err(error("a pool of this name is defined before".to_owned()));
         }
+        let spec = IPAddressPoolSpec {
+            addresses: pool.addresses,
+            auto_assign: pool.auto_assign,
+            avoid_buggy_ips: pool.avoid_buggy_ips,
+            service_allocation: None,
+        };
+        allocator::Pool::parse(&pool.name, &spec).map_err(|e| error(e.to_string()))?;
         pools.push(IPAddressPool {
             metadata: ObjectMeta {
                 name: Some(pool.name),
                 ..ObjectMeta::default()
             },
-            spec: IPAddressPoolSpec {
-                addresses: pool.addresses,
-                auto_assign: pool.auto_assign,
-                avoid_buggy_ips: pool.avoid_buggy_ips,
-                service_allocation: None,
-            },
+            spec,
             status: None,
         });
     }
@@ -217,8 +220,20 @@ address-pools:
                 "c.yaml: address-pools[0] (\"a\"): avoid-bugy-ips: unknown field `avoid-bugy-ips`",
             ),
             (
-                "address-pools:\n- name: a\n  addresses: []\n- name: a\n  addresses: []\n",
+                "address-pools:\n- name: a\n  addresses: [10.0.0.0/8]\n- name: a\n  addresses: [10.1.0.0/16]\n",
                 "c.yaml: address-pools[1] (\"a\"): a pool of this name is defined before",
+            ),
+            (
+                "address-pools:\n- name: a\n  addresses: [10.0.0.0/8]\n- name: broken\n  addresses: [10.1.0.300]\n",
+                "c.yaml: address-pools[1] (\"broken\"): address \"10.1.0.300\": \"10.1.0.300\" is not an IP address",
+            ),
+            (
+                "address-pools:\n- name: r\n  addresses: [10.0.0.9-10.0.0.1]\n",
+                "c.yaml: address-pools[0] (\"r\"): range 10.0.0.9-10.0.0.1: first address is after the last",
+            ),
+            (
+                "address-pools:\n- name: e\n  addresses: []\n",
+                "c.yaml: address-pools[0] (\"e\"): spec.addresses is empty",
             ),
             (
                 "address-pools:\n- name: ''\n  addresses: []\n",

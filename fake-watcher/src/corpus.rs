@@ -46,8 +46,12 @@ fn options_of(path: &Path, text: &str) -> Result<ReplayOptions, String> {
                 }
                 "--config" => {
                     let file = words.next().ok_or("--config needs a FILE")?;
-                    let config = path.parent().unwrap_or(Path::new(".")).join(file);
-                    let pools = load_legacy_config(&config).map_err(|e| e.to_string())?;
+                    let dir = path.parent().unwrap_or(Path::new("."));
+                    // Errors name the file as the stream does, never by an
+                    // absolute path (snapshots are the same in any checkout).
+                    let pools = load_legacy_config(&dir.join(file)).map_err(|e| {
+                        e.to_string().replace(&format!("{}/", dir.display()), "")
+                    })?;
                     options = options.pools(pools);
                 }
                 other => return Err(format!("unknown option {other:?} in the stream header")),

@@ -179,12 +179,12 @@ mod tests {
             pools: vec![PoolResult {
                 name: "default".into(),
                 ipv4: FamilyResult {
-                    total: Count(256),
-                    assigned: Count(1),
+                    total: Count::from(256),
+                    assigned: Count::from(1),
                 },
                 ipv6: FamilyResult {
-                    total: Count(1 << 64),
-                    assigned: Count(MAX_SAFE_INTEGER),
+                    total: Count::from(1 << 64),
+                    assigned: Count::from(MAX_SAFE_INTEGER),
                 },
             }],
             rejected_pools: vec![RejectedPoolResult {

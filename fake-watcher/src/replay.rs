@@ -564,7 +564,7 @@ impl Host {
             .collect();
         let family = |stats: allocator::FamilyStats| FamilyResult {
             total: Count(stats.total),
-            assigned: Count(stats.assigned),
+            assigned: Count::from(stats.assigned),
         };
         let pools = self
             .controller
@@ -754,8 +754,8 @@ mod tests {
             .iter()
             .all(|step| step.holdings.is_empty()));
         assert_eq!(output.trace[3].holdings.len(), 2);
-        // holder kept its address (only the pool annotation was missing);
-        // newcomer got the next one.
+        // newcomer got the next address; holder kept its own (only the pool
+        // annotation was missing, written after those without addresses).
         let writes: Vec<(&str, String, Option<&str>)> = output.trace[3]
             .writes
             .iter()
@@ -764,8 +764,8 @@ mod tests {
         assert_eq!(
             writes,
             [
-                ("ns/holder", "10.0.0.0".to_owned(), Some("p")),
                 ("ns/newcomer", "10.0.0.1".to_owned(), Some("p")),
+                ("ns/holder", "10.0.0.0".to_owned(), Some("p")),
             ]
         );
     }

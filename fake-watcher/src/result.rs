@@ -6,6 +6,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
+use allocator::AddressCount;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -60,18 +61,29 @@ pub struct RejectedPoolResult {
     pub reason: String,
 }
 
-/// A count of addresses: a JSON integer below 2^53, a decimal string from
-/// there up (JSON readers lose precision past 2^53 - 1).
+/// A count of addresses (up to 2^128): a JSON integer below 2^53, a decimal
+/// string from there up (JSON readers lose precision past 2^53 - 1).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Count(pub u128);
+pub struct Count(pub AddressCount);
+
+impl From<u128> for Count {
+    fn from(count: u128) -> Self {
+        Count(AddressCount::new(count))
+    }
+}
 
 /// The largest count written as a JSON integer.
 pub const MAX_SAFE_INTEGER: u128 = (1 << 53) - 1;
 
 impl Serialize for Count {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match u64::try_from(self.0) {
-            Ok(small) if self.0 <= MAX_SAFE_INTEGER => serializer.serialize_u64(small),
+        match self
+            .0
+            .get()
+            .filter(|c| *c <= MAX_SAFE_INTEGER)
+            .map(u64::try_from)
+        {
+            Some(Ok(small)) => serializer.serialize_u64(small),
             _ => serializer.collect_str(&self.0),
         }
     }
@@ -89,19 +101,22 @@ impl<'de> Deserialize<'de> for Count {
             }
 
             fn visit_u64<E: de::Error>(self, value: u64) -> Result<Count, E> {
-                Ok(Count(u128::from(value)))
+                Ok(Count::from(u128::from(value)))
             }
 
             fn visit_i64<E: de::Error>(self, value: i64) -> Result<Count, E> {
                 u128::try_from(value)
-                    .map(Count)
+                    .map(Count::from)
                     .map_err(|_| E::invalid_value(de::Unexpected::Signed(value), &self))
             }
 
             fn visit_str<E: de::Error>(self, value: &str) -> Result<Count, E> {
+                if value == AddressCount::ALL_IPV6.to_string() {
+                    return Ok(Count(AddressCount::ALL_IPV6));
+                }
                 value
-                    .parse()
-                    .map(Count)
+                    .parse::<u128>()
+                    .map(Count::from)
                     .map_err(|_| E::invalid_value(de::Unexpected::Str(value), &self))
             }
         }
@@ -173,15 +188,16 @@ mod tests {
     #[test]
     fn counts_past_2_pow_53_are_strings() {
         let counts = [
-            Count(0),
-            Count(MAX_SAFE_INTEGER),
-            Count(MAX_SAFE_INTEGER + 1),
-            Count(u128::MAX),
+            Count::from(0),
+            Count::from(MAX_SAFE_INTEGER),
+            Count::from(MAX_SAFE_INTEGER + 1),
+            Count::from(u128::MAX),
+            Count(AddressCount::ALL_IPV6),
         ];
         let json = serde_json::to_string(&counts).unwrap();
         assert_eq!(
             json,
-            "[0,9007199254740991,\"9007199254740992\",\"340282366920938463463374607431768211455\"]"
+            "[0,9007199254740991,\"9007199254740992\",\"340282366920938463463374607431768211455\",\"340282366920938463463374607431768211456\"]"
         );
         let back: Vec<Count> = serde_json::from_str(&json).unwrap();
         assert_eq!(back, counts);
