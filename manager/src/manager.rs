@@ -107,14 +107,106 @@ struct State {
     next_seq: u64,
     /// Service key → sequence number of its first event since creation.
     first_seen: HashMap<String, u64>,
-    /// Service key → sequence number at which it started waiting.
-    waiting: HashMap<String, u64>,
+    /// The Services waiting for an address.
+    waiting: Waiting,
+    /// Woken waiting Services still to reconsider, by waiting order; taken
+    /// when the queue is empty.
+    waking: BTreeMap<u64, String>,
+    /// Woken Services not yet reconsidered: their waiting order and class.
+    woken: HashMap<String, (u64, Option<u64>)>,
     /// Failures in a row of a key that asked for a retry.
     attempts: HashMap<QueueKey, u32>,
     /// Pending retries by deadline (the sequence number breaks ties).
     retries: BTreeMap<(Instant, u64), QueueKey>,
     /// The entry of `retries` of each key.
     retry_of: HashMap<QueueKey, (Instant, u64)>,
+}
+
+/// The Services waiting for an address (DESIGN.md §4.6), in waiting order.
+///
+/// A class (from [`SyncOutcome::waiting_class`]) groups Services whose
+/// failure depends only on the configuration and their demand: given the
+/// same allocator state they fail alike. So when a wake reconsiders the
+/// first of a class and it fails again, the others would too, and are not
+/// run: a delete costs a reconciliation per class, not per waiting Service.
+#[derive(Debug, Default)]
+struct Waiting {
+    /// key → (waiting since, class).
+    entries: HashMap<String, (u64, Option<u64>)>,
+    /// class → its members by waiting order.
+    classes: HashMap<u64, BTreeMap<u64, String>>,
+}
+
+impl Waiting {
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn since(&self, key: &str) -> Option<u64> {
+        self.entries.get(key).map(|(since, _)| *since)
+    }
+
+    /// Adds `key` or updates its class.
+    fn insert(&mut self, key: &str, since: u64, class: Option<u64>) {
+        self.remove(key);
+        if let Some(class) = class {
+            self.classes
+                .entry(class)
+                .or_default()
+                .insert(since, key.to_owned());
+        }
+        self.entries.insert(key.to_owned(), (since, class));
+    }
+
+    fn remove(&mut self, key: &str) {
+        let Some((since, Some(class))) = self.entries.remove(key) else {
+            return;
+        };
+        if let Some(members) = self.classes.get_mut(&class) {
+            members.remove(&since);
+            if members.is_empty() {
+                self.classes.remove(&class);
+            }
+        }
+    }
+
+    /// Every key, longest-waiting first.
+    fn in_order(&self) -> Vec<String> {
+        let mut keys: Vec<(u64, &String)> = self
+            .entries
+            .iter()
+            .map(|(k, (since, _))| (*since, k))
+            .collect();
+        keys.sort_unstable();
+        keys.into_iter().map(|(_, key)| key.clone()).collect()
+    }
+
+    /// What a wake reconsiders first: every key without a class and the
+    /// first of each class, with their waiting order and class.
+    fn heads(&self) -> Vec<(u64, String, Option<u64>)> {
+        let unclassed = self
+            .entries
+            .iter()
+            .filter(|(_, (_, class))| class.is_none())
+            .map(|(key, (since, _))| (*since, key.clone(), None));
+        let heads = self.classes.iter().filter_map(|(class, members)| {
+            members
+                .first_key_value()
+                .map(|(since, key)| (*since, key.clone(), Some(*class)))
+        });
+        let mut all: Vec<_> = unclassed.chain(heads).collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// The member of `class` that has waited longest after `since`.
+    fn next_in_class(&self, class: u64, since: u64) -> Option<(u64, String)> {
+        let members = self.classes.get(&class)?;
+        members
+            .range(since.saturating_add(1)..)
+            .next()
+            .map(|(since, key)| (*since, key.clone()))
+    }
 }
 
 impl State {
@@ -125,7 +217,11 @@ impl State {
     }
 
     fn is_idle(&self) -> bool {
-        self.synced && self.queue.is_empty() && self.in_flight.is_none() && self.retries.is_empty()
+        self.synced
+            && self.queue.is_empty()
+            && self.waking.is_empty()
+            && self.in_flight.is_none()
+            && self.retries.is_empty()
     }
 
     /// Queues `key` unless it is queued already; a key in flight is queued
@@ -135,8 +231,35 @@ impl State {
             self.requeue = true;
         } else if self.queued.insert(key.clone()) {
             tracing::trace!(kind = key.kind(), key = key.name(), "queued");
+            if let QueueKey::Service(name) = &key {
+                if let Some((since, _)) = self.woken.get(name) {
+                    self.waking.remove(since);
+                }
+            }
             self.queue.push_back(key);
         }
+    }
+
+    /// Wakes the waiting Services (DESIGN.md §4.6), longest-waiting first:
+    /// every one without a class, and the first of each class (the others
+    /// of a class follow only while those before them get addresses).
+    fn wake(&mut self, except: Option<&str>) {
+        for (since, key, class) in self.waiting.heads() {
+            let busy = except == Some(key.as_str())
+                || self.woken.contains_key(&key)
+                || self.in_flight.as_ref().is_some_and(|k| k.name() == key)
+                || self.queued.contains(&QueueKey::Service(key.clone()));
+            if !busy {
+                self.waking.insert(since, key.clone());
+                self.woken.insert(key, (since, class));
+            }
+        }
+    }
+
+    /// Forgets every pending wake (everything is reconsidered anyway).
+    fn clear_wakes(&mut self) {
+        self.waking.clear();
+        self.woken.clear();
     }
 
     /// Marks `key`, just taken from the queue, in flight: a pending retry is
@@ -159,7 +282,10 @@ impl State {
             self.retry_of.remove(&key);
             self.enqueue(key);
         }
-        let key = self.queue.pop_front()?;
+        let key = match self.queue.pop_front() {
+            Some(key) => key,
+            None => QueueKey::Service(self.waking.pop_first()?.1),
+        };
         self.start(&key);
         Some(key)
     }
@@ -208,6 +334,20 @@ impl State {
             QueueKey::Service(name) => Some(name.as_str()),
             _ => None,
         };
+        // A woken Service of a class that got an address (or is gone):
+        // the next of its class may get one too.
+        let woken = service.and_then(|name| self.woken.remove(name));
+        let still_waiting = matches!(outcome.state, SyncState::Waiting) && !deleted;
+        if let (Some((since, Some(class))), false) = (woken, still_waiting) {
+            if let Some((next_since, next)) = self.waiting.next_in_class(class, since) {
+                if !self.woken.contains_key(&next)
+                    && !self.queued.contains(&QueueKey::Service(next.clone()))
+                {
+                    self.waking.insert(next_since, next.clone());
+                    self.woken.insert(next, (next_since, Some(class)));
+                }
+            }
+        }
         if let (Some(name), true) = (service, deleted) {
             self.waiting.remove(name);
             // A delete forgot the key when it came; an event since then
@@ -230,10 +370,12 @@ impl State {
             SyncState::Waiting if !deleted => {
                 self.attempts.remove(&key);
                 if let Some(name) = service {
-                    if !self.waiting.contains_key(name) {
-                        let since = self.seq();
-                        self.waiting.insert(name.to_owned(), since);
-                    }
+                    // Failing again keeps the place (§4.6).
+                    let since = match self.waiting.since(name) {
+                        Some(since) => since,
+                        None => self.seq(),
+                    };
+                    self.waiting.insert(name, since, outcome.waiting_class);
                 }
             }
             SyncState::Success | SyncState::Invalid | SyncState::Waiting => {
@@ -251,7 +393,7 @@ impl State {
         }
         let mut others = Vec::new();
         if outcome.wake_waiting {
-            others.extend(Self::in_order(&self.waiting));
+            self.wake(service);
         }
         match outcome.reconsider {
             Reconsider::None => {}
@@ -269,6 +411,7 @@ impl State {
     /// queued first, then the Services in `order`, then any other queued
     /// Service.
     fn reorder_services(&mut self, order: Vec<String>) {
+        self.clear_wakes();
         let old = std::mem::take(&mut self.queue);
         self.queued.clear();
         let (services, others): (Vec<_>, Vec<_>) = old
@@ -320,6 +463,7 @@ impl<C> fmt::Debug for Manager<C> {
             .field("queued", &state.queue.len())
             .field("in_flight", &state.in_flight)
             .field("waiting", &state.waiting.len())
+            .field("waking", &state.waking.len())
             .field("retries", &state.retries.len())
             .finish_non_exhaustive()
     }
@@ -371,7 +515,7 @@ impl<C> Manager<C> {
     /// The Services waiting for an address, the one that has waited longest
     /// first.
     pub fn waiting_keys(&self) -> Vec<String> {
-        State::in_order(&self.state().waiting)
+        self.state().waiting.in_order()
     }
 
     /// Resolves once the sync passes are done, the queue is empty, no key is
@@ -1079,6 +1223,67 @@ mod tests {
         h.delete("ns/b").await;
         h.manager.idle().await;
         assert!(h.manager.waiting_keys().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_runs_the_rest_of_a_class_only_while_its_first_gets_addresses() {
+        let h = harness(ManagerConfig::default());
+        let _worker = h.synced().await;
+        let in_class = |class| SyncOutcome {
+            waiting_class: Some(class),
+            ..outcome(SyncState::Waiting)
+        };
+        let waker = || SyncOutcome {
+            wake_waiting: true,
+            ..SyncOutcome::success()
+        };
+        for key in ["ns/a", "ns/b", "ns/c"] {
+            h.script(key, [in_class(7)]);
+            h.add(key, false).await;
+        }
+        h.script("ns/u", [outcome(SyncState::Waiting)]);
+        h.add("ns/u", false).await;
+        h.script("ns/o", [in_class(9)]);
+        h.add("ns/o", false).await;
+        h.manager.idle().await;
+        h.take_calls();
+
+        // `a` fails again: `b` and `c` (its class) would too and are not
+        // run; `u` (no class) and `o` (another class) are.
+        for key in ["ns/a", "ns/u", "ns/o"] {
+            let again = if key == "ns/u" {
+                outcome(SyncState::Waiting)
+            } else {
+                in_class(if key == "ns/o" { 9 } else { 7 })
+            };
+            h.script(key, [again]);
+        }
+        h.script("ns/w1", [waker()]);
+        h.add("ns/w1", false).await;
+        h.manager.idle().await;
+        assert_eq!(
+            h.take_calls(),
+            ["svc ns/w1", "svc ns/a", "svc ns/u", "svc ns/o"]
+        );
+        assert_eq!(
+            h.manager.waiting_keys(),
+            ["ns/a", "ns/b", "ns/c", "ns/u", "ns/o"]
+        );
+
+        // `a` gets an address: `b` is run next, in waiting order before `u`,
+        // and fails: `c` is not run.
+        h.script("ns/a", [SyncOutcome::success()]);
+        h.script("ns/b", [in_class(7)]);
+        h.script("ns/u", [outcome(SyncState::Waiting)]);
+        h.script("ns/o", [in_class(9)]);
+        h.script("ns/w2", [waker()]);
+        h.add("ns/w2", false).await;
+        h.manager.idle().await;
+        assert_eq!(
+            h.take_calls(),
+            ["svc ns/w2", "svc ns/a", "svc ns/b", "svc ns/u", "svc ns/o"]
+        );
+        assert_eq!(h.manager.waiting_keys(), ["ns/b", "ns/c", "ns/u", "ns/o"]);
     }
 
     #[tokio::test(start_paused = true)]

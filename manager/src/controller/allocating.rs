@@ -5,12 +5,16 @@
 //! controller rebuilds from statuses alone), the allocator the truth about
 //! who holds what. Writes and events happen after the lock is released.
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use allocator::{Allocator, FamilyPolicy, Holding as AllocatorHolding, Request, Subject};
+use allocator::{
+    AllocError, Allocator, FamilyPolicy, Holding as AllocatorHolding, Request, Subject,
+};
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use subscriber::IPAddressPool;
@@ -291,6 +295,7 @@ impl AllocatingController {
         let mut events = Vec::new();
         let mut sync_state = SyncState::Success;
         let mut warning: Option<Event> = None;
+        let mut waiting_class: Option<u64> = None;
 
         let no_addresses: &[IpAddr] = &[];
         let (requested, invalid) = match &view.requested {
@@ -319,6 +324,8 @@ impl AllocatingController {
                     warning = Some(invalid_event(&reason));
                 } else {
                     sync_state = SyncState::Waiting;
+                    // No delete can ever help: one class for all of them.
+                    waiting_class = Some(class_of(&"no cluster IP"));
                     warning = Some(failed_event(key, "the service has no cluster IP"));
                 }
             }
@@ -389,6 +396,7 @@ impl AllocatingController {
                         }
                         Err(error) => {
                             sync_state = SyncState::Waiting;
+                            waiting_class = demand_class(&error, &request);
                             warning = Some(failed_event(key, &error.to_string()));
                         }
                     }
@@ -441,6 +449,9 @@ impl AllocatingController {
         }
 
         let mut outcome = SyncOutcome::new(sync_state);
+        if outcome.state == SyncState::Waiting {
+            outcome.waiting_class = waiting_class;
+        }
         // Addresses given up free room for the waiting (§4.6).
         let released_any = before.as_ref().is_some_and(|b| {
             b.ips
@@ -596,6 +607,43 @@ fn others_on(allocator: &Allocator, key: &str, holding: &AllocatorHolding) -> Ve
     others.sort();
     others.dedup();
     others
+}
+
+fn class_of(value: &impl Hash) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The waiting class of a Service whose allocation failed (see
+/// [`SyncOutcome::waiting_class`]): only failures that depend on the
+/// configuration and the demand alone, never on who holds what, so that
+/// two Services of one class fail alike (with the same message) in any
+/// allocator state.
+fn demand_class(error: &AllocError, request: &Request<'_>) -> Option<u64> {
+    let config_only = matches!(
+        error,
+        AllocError::NoAvailable { .. }
+            | AllocError::NoPool
+            | AllocError::UnknownPool { .. }
+            | AllocError::PoolDoesNotServe { .. }
+            | AllocError::NoFamilyInPool { .. }
+    );
+    if !config_only || !request.addresses.is_empty() {
+        return None;
+    }
+    let mut ports = request.ports.to_vec();
+    ports.sort();
+    // The message names the pools tried: the candidates the Service's
+    // namespace and labels select.
+    Some(class_of(&(
+        error.to_string(),
+        format!("{:?}", request.families),
+        request.sharing_key,
+        request.backend_key,
+        ports,
+        request.pool,
+    )))
 }
 
 fn allocated_event(holding: &AllocatorHolding) -> Event {

@@ -19,6 +19,11 @@ pub struct SyncOutcome {
     pub wake_waiting: bool,
     /// Further Services to reconsider.
     pub reconsider: Reconsider,
+    /// With [`SyncState::Waiting`]: Services of one class fail alike in the
+    /// same allocator state (their failure depends only on the
+    /// configuration and their demand), so a wake that sees the first of a
+    /// class fail again skips the rest. `None`: always reconsidered.
+    pub waiting_class: Option<u64>,
 }
 
 impl SyncOutcome {
@@ -32,6 +37,7 @@ impl SyncOutcome {
             state,
             wake_waiting: false,
             reconsider: Reconsider::None,
+            waiting_class: None,
         }
     }
 }
