@@ -49,9 +49,8 @@ fn options_of(path: &Path, text: &str) -> Result<ReplayOptions, String> {
                     let dir = path.parent().unwrap_or(Path::new("."));
                     // Errors name the file as the stream does, never by an
                     // absolute path (snapshots are the same in any checkout).
-                    let pools = load_legacy_config(&dir.join(file)).map_err(|e| {
-                        e.to_string().replace(&format!("{}/", dir.display()), "")
-                    })?;
+                    let pools = load_legacy_config(&dir.join(file))
+                        .map_err(|e| e.to_string().replace(&format!("{}/", dir.display()), ""))?;
                     options = options.pools(pools);
                 }
                 other => return Err(format!("unknown option {other:?} in the stream header")),
