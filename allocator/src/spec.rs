@@ -2,6 +2,9 @@
 //! cluster returns them (camelCase). Values are kept raw: validation is
 //! [`crate::pool::Pool::parse`]'s job, so a bad address is a rejected pool, not
 //! a decode error.
+//!
+//! With the `schema` feature the types also derive `schemars::JsonSchema`, so
+//! a host can generate the CustomResourceDefinition from them.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 /// `spec` of an `IPAddressPool`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct IPAddressPoolSpec {
     /// Prefixes (`a.b.c.d/n`), `first-last` ranges or single addresses.
@@ -31,6 +35,7 @@ pub struct IPAddressPoolSpec {
 
 /// `spec.serviceAllocation`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceAllocationSpec {
     /// 1 is the highest; 0 or unset is the lowest.
@@ -46,6 +51,7 @@ pub struct ServiceAllocationSpec {
 
 /// A Kubernetes label selector, kept raw (operators are checked at parse).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LabelSelectorSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -56,6 +62,7 @@ pub struct LabelSelectorSpec {
 
 /// One `matchExpressions` entry.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LabelSelectorRequirementSpec {
     pub key: String,

@@ -6,6 +6,9 @@
 //!   failure. `--accept` rewrites the snapshots of the streams run, through
 //!   insta itself: review the diff first (or use `cargo insta review`).
 //! - `bench [--quick] [--json PATH]`: the scaling benchmarks, in release.
+//! - `crd`: regenerates `deploy/crd.yaml` (the `IPAddressPool` CRD) from
+//!   the Rust types, through `kube-watcher crd` (so xtask itself does not
+//!   depend on kube).
 //! - `ci`: what `.ci/run` runs.
 
 use std::path::{Path, PathBuf};
@@ -22,6 +25,7 @@ tasks:
                                (or use `cargo insta review`)
   bench [--quick] [--json PATH]
                                run the scaling benchmarks in release
+  crd                          regenerate deploy/crd.yaml from the Rust types
   ci                           fmt check, clippy, tests, corpus and quick bench, as CI";
 
 fn main() -> ExitCode {
@@ -29,6 +33,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("replay") => replay(args.get(1..).unwrap_or_default()),
         Some("bench") => bench(args.get(1..).unwrap_or_default()),
+        Some("crd") => crd(),
         Some("ci") => ci(),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
@@ -172,11 +177,49 @@ fn replay(args: &[String]) -> Result<bool> {
     Ok(failures.is_empty())
 }
 
+/// Runs `fake-watcher/benches/scaling.rs` in release. The bench runs in the
+/// package's directory, so `--json PATH` is made absolute here first.
 fn bench(args: &[String]) -> Result<bool> {
+    let cwd = std::env::current_dir().context("reading the current directory")?;
+    let mut forwarded = Vec::new();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => forwarded.push(arg.clone()),
+            "--json" => {
+                let Some(path) = args.next() else {
+                    bail!("--json needs a path\n{USAGE}");
+                };
+                forwarded.push(arg.clone());
+                forwarded.push(cwd.join(path).display().to_string());
+            }
+            // Undocumented, for profiling: one scenario only, other sizes.
+            "--only" | "--sizes" => {
+                forwarded.push(arg.clone());
+                forwarded.extend(args.next().cloned());
+            }
+            other => bail!("unknown bench argument {other}\n{USAGE}"),
+        }
+    }
     let mut command = cargo();
     command
         .args(["bench", "-p", "fake-watcher", "--bench", "scaling", "--"])
-        .args(args);
+        .args(forwarded);
+    run(command)
+}
+
+fn crd() -> Result<bool> {
+    let mut command = cargo();
+    command.args([
+        "run",
+        "--quiet",
+        "--package",
+        "kube-watcher",
+        "--",
+        "crd",
+        "--output",
+        "deploy/crd.yaml",
+    ]);
     run(command)
 }
 

@@ -1,0 +1,294 @@
+//! [`manager::Client`] over the Kubernetes API: the pool annotation by a
+//! merge patch of `metadata.annotations`, the addresses by a merge patch of
+//! the status subresource, Events through kube-runtime's recorder. Every
+//! write first asks the [`LeaderGate`]; a replica that is not leading writes
+//! nothing.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
+use kube::Resource;
+use manager::{Client, ClientError, Event, EventType, ServiceWrite, Store, POOL_ANNOTATION};
+use serde_json::{json, Value};
+
+use crate::lease::LeaderGate;
+use crate::store::{split_key, KubeStore};
+
+/// The field manager of every patch.
+pub const FIELD_MANAGER: &str = "kube-watcher";
+
+/// The `action` of every Event (events.k8s.io requires one).
+pub const EVENT_ACTION: &str = "AllocateLoadBalancerIP";
+
+/// How many times a write that got 409 Conflict is tried in all, before the
+/// manager's own backoff takes over.
+pub const CONFLICT_ATTEMPTS: u32 = 3;
+
+/// How long a write waits for the cache to show it.
+pub const READ_YOUR_WRITES: Duration = Duration::from_secs(2);
+
+/// The client the controller writes through.
+pub struct KubeClient {
+    client: kube::Client,
+    store: KubeStore,
+    gate: LeaderGate,
+    reporter: Reporter,
+    conflict_delay: Duration,
+}
+
+impl std::fmt::Debug for KubeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeClient")
+            .field("reporter", &self.reporter)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The merge patch that sets (or, with `None`, removes) the pool annotation.
+pub fn annotation_patch(pool: Option<&str>) -> Value {
+    json!({"metadata": {"annotations": {POOL_ANNOTATION: pool}}})
+}
+
+/// The merge patch of the status subresource that sets the ingress
+/// addresses (or, when empty, removes the list).
+pub fn status_patch(ingress: &[IpAddr]) -> Value {
+    let ingress: Option<Vec<Value>> = (!ingress.is_empty()).then(|| {
+        ingress
+            .iter()
+            .map(|ip| json!({"ip": ip.to_string()}))
+            .collect()
+    });
+    json!({"status": {"loadBalancer": {"ingress": ingress}}})
+}
+
+fn current_ingress(service: &Service) -> Vec<String> {
+    service
+        .status
+        .as_ref()
+        .and_then(|status| status.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn current_pool(service: &Service) -> Option<&str> {
+    service
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(POOL_ANNOTATION))
+        .map(String::as_str)
+}
+
+impl KubeClient {
+    /// A client writing through `client`, reading current objects from
+    /// `store`, allowed to write while `gate` is open; Events name
+    /// `reporter` as their source.
+    pub fn new(
+        client: kube::Client,
+        store: KubeStore,
+        gate: LeaderGate,
+        reporter: Reporter,
+    ) -> Self {
+        Self {
+            client,
+            store,
+            gate,
+            reporter,
+            conflict_delay: Duration::from_millis(50),
+        }
+    }
+
+    fn check_gate(&self, key: &str) -> Result<(), ClientError> {
+        if self.gate.is_open() {
+            Ok(())
+        } else {
+            Err(ClientError::Failed {
+                key: key.to_owned(),
+                message: "not the leader: writes are refused".to_owned(),
+            })
+        }
+    }
+
+    /// Sends one merge patch (of the object or its status), trying again
+    /// after a 409 Conflict.
+    async fn patch(
+        &self,
+        api: &Api<Service>,
+        key: &str,
+        name: &str,
+        body: &Value,
+        status: bool,
+    ) -> Result<(), ClientError> {
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            self.check_gate(key)?;
+            let patch = Patch::Merge(body);
+            let result = if status {
+                api.patch_status(name, &params, &patch).await
+            } else {
+                api.patch(name, &params, &patch).await
+            };
+            match result {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(error)) if error.code == 409 => {
+                    if attempt >= CONFLICT_ATTEMPTS {
+                        return Err(ClientError::Conflict {
+                            key: key.to_owned(),
+                            message: error.message,
+                        });
+                    }
+                    tracing::debug!(key, attempt, "conflict; trying again");
+                    tokio::time::sleep(self.conflict_delay).await;
+                }
+                Err(kube::Error::Api(error)) if error.code == 404 => {
+                    return Err(ClientError::NotFound {
+                        key: key.to_owned(),
+                    });
+                }
+                Err(error) => {
+                    return Err(ClientError::Failed {
+                        key: key.to_owned(),
+                        message: error.to_string(),
+                    })
+                }
+            }
+        }
+    }
+
+    fn reference(&self, key: &str, namespace: &str, name: &str) -> ObjectReference {
+        match self.store.service(key) {
+            Some(service) => service.object_ref(&()),
+            None => ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Service".to_owned()),
+                namespace: Some(namespace.to_owned()),
+                name: Some(name.to_owned()),
+                ..ObjectReference::default()
+            },
+        }
+    }
+}
+
+fn bad_key(key: &str) -> ClientError {
+    ClientError::Failed {
+        key: key.to_owned(),
+        message: "not a namespace/name key".to_owned(),
+    }
+}
+
+#[async_trait]
+impl Client for KubeClient {
+    async fn write_service(&self, key: &str, write: &ServiceWrite) -> Result<(), ClientError> {
+        self.check_gate(key)?;
+        let (namespace, name) = split_key(key).ok_or_else(|| bad_key(key))?;
+        let api: Api<Service> = Api::namespaced(self.client.clone(), namespace);
+        let current = self.store.service(key);
+        let wanted: Vec<String> = write.ingress.iter().map(ToString::to_string).collect();
+        // Only the parts that differ from the cached object are sent; with
+        // no cached object (it went away meanwhile), both.
+        let annotation_differs = current
+            .as_deref()
+            .is_none_or(|service| current_pool(service) != write.pool.as_deref());
+        let status_differs = current
+            .as_deref()
+            .is_none_or(|service| current_ingress(service) != wanted);
+        // Status first: if the annotation write then fails (or the process
+        // stops), the status, which is the truth about what a Service holds,
+        // is already right, and the retry only adds the annotation.
+        if status_differs {
+            let body = status_patch(&write.ingress);
+            self.patch(&api, key, name, &body, true).await?;
+        }
+        if annotation_differs {
+            let body = annotation_patch(write.pool.as_deref());
+            self.patch(&api, key, name, &body, false).await?;
+        }
+        // Read your writes: the controller decides from the cache, so it
+        // must not see the Service as it was before this write (it would
+        // take the missing status for a lost one and allocate again).
+        let shown = self
+            .store
+            .wait_for_service(key, READ_YOUR_WRITES, |service| {
+                service.is_none_or(|service| {
+                    current_ingress(service) == wanted
+                        && current_pool(service) == write.pool.as_deref()
+                })
+            })
+            .await;
+        if !shown {
+            tracing::debug!(key, "the cache does not show the write yet");
+        }
+        tracing::debug!(key, ?write, "written");
+        Ok(())
+    }
+
+    async fn emit_event(&self, key: &str, event: &Event) -> Result<(), ClientError> {
+        self.check_gate(key)?;
+        let (namespace, name) = split_key(key).ok_or_else(|| bad_key(key))?;
+        let reference = self.reference(key, namespace, name);
+        let kube_event = KubeEvent {
+            type_: match event.event_type {
+                EventType::Normal => KubeEventType::Normal,
+                EventType::Warning => KubeEventType::Warning,
+            },
+            reason: event.reason.clone(),
+            note: Some(event.message.clone()),
+            action: EVENT_ACTION.to_owned(),
+            secondary: None,
+        };
+        // A recorder per Event: kube's recorder folds an Event into an
+        // earlier one of the same reason (keeping the earlier note), which
+        // would show a stale address; each of ours is a new Event.
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        recorder
+            .publish(&kube_event, &reference)
+            .await
+            .map_err(|error| ClientError::Failed {
+                key: key.to_owned(),
+                message: error.to_string(),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )]
+
+    use super::*;
+
+    #[test]
+    fn patches_touch_only_our_fields() {
+        assert_eq!(
+            annotation_patch(Some("default")),
+            json!({"metadata": {"annotations": {"metallb.io/ip-allocated-from-pool": "default"}}})
+        );
+        assert_eq!(
+            annotation_patch(None),
+            json!({"metadata": {"annotations": {"metallb.io/ip-allocated-from-pool": null}}})
+        );
+        let ips: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()];
+        assert_eq!(
+            status_patch(&ips),
+            json!({"status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.1"}, {"ip": "fd00::1"}]}}})
+        );
+        assert_eq!(
+            status_patch(&[]),
+            json!({"status": {"loadBalancer": {"ingress": null}}})
+        );
+    }
+}

@@ -1,0 +1,497 @@
+//! The host: watchers feeding the chains, leader election, one
+//! Manager+controller per leadership term, pool status, metrics.
+//!
+//! Every replica watches (so its cache is warm and it reports ready), but
+//! only the leader decides and writes. The chains carry one handler,
+//! `manager`, that forwards to the Manager of the current term and drops
+//! events while there is none. On becoming leader a replica builds a fresh
+//! [`AllocatingController`] and [`Manager`], starts its worker, makes it
+//! current, hands it every object of the cache (namespaces, then pools, then
+//! Services oldest first), and marks it synced once every watcher finished
+//! its initial list: the manager then rebuilds its state from the Services'
+//! statuses (DESIGN.md §4.5) and changes no address. On losing the lease the
+//! gate shuts at once (the client refuses writes), the term's worker and
+//! pool status writer are cancelled, and the Manager is dropped.
+
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use kube::api::Api;
+use kube::runtime::events::Reporter;
+use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::ResourceExt;
+use manager::{AllocatingController, Client, ControllerConfig, Manager, ManagerConfig, Store};
+use subscriber::{
+    IPAddressPool, NamespaceChain, NamespaceHandler, PoolChain, PoolHandler, ServiceChain,
+    ServiceHandler,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::KubeClient;
+use crate::crd::{to_subscriber, IPAddressPoolResource};
+use crate::lease::{KubeLease, LeaderElector, LeaderGate, LeaseConfig};
+use crate::metrics::Metrics;
+use crate::pool_status::{PoolStatusWriter, POOL_STATUS_PERIOD};
+use crate::store::KubeStore;
+use crate::watch::{creation_order, Driver, NamespaceSink, PoolSink, ServiceSink, SyncTracker};
+
+/// The kinds whose initial list must complete before the manager is synced.
+pub const KINDS: [&str; 3] = ["Namespace", "IPAddressPool", "Service"];
+
+/// How a [`Host`] runs.
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    /// Handle only Services of this `spec.loadBalancerClass`.
+    pub lb_class: Option<String>,
+    /// The namespace of the Lease.
+    pub lease_namespace: String,
+    /// The name of the Lease (one per `--lb-class`).
+    pub lease_name: String,
+    /// Identity and timing of the election.
+    pub lease: LeaseConfig,
+    /// The manager's retry timing.
+    pub manager: ManagerConfig,
+    /// How often pool statuses are brought up to date (at most once per
+    /// period per pool).
+    pub pool_status_period: Duration,
+    /// The watchers' settings.
+    pub watcher: watcher::Config,
+    /// The `reportingController` of Events.
+    pub reporting_controller: String,
+}
+
+impl HostConfig {
+    /// Defaults for a replica named `identity` whose Lease lives in
+    /// `lease_namespace`.
+    pub fn new(identity: impl Into<String>, lease_namespace: impl Into<String>) -> Self {
+        Self {
+            lb_class: None,
+            lease_namespace: lease_namespace.into(),
+            lease_name: "kube-watcher".to_owned(),
+            lease: LeaseConfig::new(identity),
+            manager: ManagerConfig::default(),
+            pool_status_period: POOL_STATUS_PERIOD,
+            watcher: watcher::Config::default(),
+            reporting_controller: "kube-watcher".to_owned(),
+        }
+    }
+
+    /// Handle only Services of `class`.
+    #[must_use]
+    pub fn lb_class(mut self, class: Option<String>) -> Self {
+        self.lb_class = class;
+        self
+    }
+
+    /// Sets the Lease's name.
+    #[must_use]
+    pub fn lease_name(mut self, name: impl Into<String>) -> Self {
+        self.lease_name = name.into();
+        self
+    }
+
+    /// Sets the election's timing.
+    #[must_use]
+    pub fn lease_timing(
+        mut self,
+        lease: Duration,
+        renew_deadline: Duration,
+        retry: Duration,
+    ) -> Self {
+        self.lease = self.lease.timing(lease, renew_deadline, retry);
+        self
+    }
+}
+
+type TermManager = Manager<AllocatingController>;
+
+/// Forwards every event to the Manager of the current term, if any.
+#[derive(Debug, Default)]
+struct CurrentManager(RwLock<Option<TermManager>>);
+
+impl CurrentManager {
+    fn get(&self) -> Option<TermManager> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, manager: Option<TermManager>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = manager;
+    }
+}
+
+#[async_trait]
+impl ServiceHandler for CurrentManager {
+    async fn on_add_service(&self, service: &Service) -> Result<(), subscriber::Error> {
+        match self.get() {
+            Some(manager) => manager.on_add_service(service).await,
+            None => Ok(()),
+        }
+    }
+    async fn on_update_service(
+        &self,
+        old: &Service,
+        new: &Service,
+    ) -> Result<(), subscriber::Error> {
+        match self.get() {
+            Some(manager) => manager.on_update_service(old, new).await,
+            None => Ok(()),
+        }
+    }
+    async fn on_delete_service(&self, service: &Service) -> Result<(), subscriber::Error> {
+        match self.get() {
+            Some(manager) => manager.on_delete_service(service).await,
+            None => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl PoolHandler for CurrentManager {
+    async fn on_add_pool(&self, pool: &IPAddressPool) -> Result<(), subscriber::Error> {
+        match self.get() {
+            Some(manager) => manager.on_add_pool(pool).await,
+            None => Ok(()),
+        }
+    }
+    async fn on_update_pool(
+        &self,
+        old: &IPAddressPool,
+        new: &IPAddressPool,
+    ) -> Result<(), subscriber::Error> {
+        match self.get() {
+            Some(manager) => manager.on_update_pool(old, new).await,
+            None => Ok(()),
+        }
+    }
+    async fn on_delete_pool(&self, pool: &IPAddressPool) -> Result<(), subscriber::Error> {
+        match self.get() {
+            Some(manager) => manager.on_delete_pool(pool).await,
+            None => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl NamespaceHandler for CurrentManager {
+    async fn on_add_namespace(&self, namespace: &Namespace) -> Result<(), subscriber::Error> {
+        match self.get() {
+            Some(manager) => manager.on_add_namespace(namespace).await,
+            None => Ok(()),
+        }
+    }
+    async fn on_update_namespace(
+        &self,
+        old: &Namespace,
+        new: &Namespace,
+    ) -> Result<(), subscriber::Error> {
+        match self.get() {
+            Some(manager) => manager.on_update_namespace(old, new).await,
+            None => Ok(()),
+        }
+    }
+    async fn on_delete_namespace(&self, namespace: &Namespace) -> Result<(), subscriber::Error> {
+        match self.get() {
+            Some(manager) => manager.on_delete_namespace(namespace).await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// What every leadership term shares.
+struct Shared {
+    client: kube::Client,
+    config: HostConfig,
+    store: KubeStore,
+    synced: SyncTracker,
+    current: Arc<CurrentManager>,
+    gate: LeaderGate,
+    metrics: Metrics,
+}
+
+/// A running host. Dropping it stops nothing: call
+/// [`shutdown`](Host::shutdown).
+pub struct Host {
+    store: KubeStore,
+    synced: SyncTracker,
+    metrics: Metrics,
+    leader: watch::Receiver<bool>,
+    current: Arc<CurrentManager>,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host")
+            .field("store", &self.store)
+            .field("synced", &self.synced.is_synced())
+            .field("leader", &*self.leader.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Host {
+    /// Starts the watchers, the election and the leader loop on the current
+    /// tokio runtime.
+    pub fn start(client: kube::Client, config: HostConfig) -> Self {
+        let cancel = CancellationToken::new();
+        let synced = SyncTracker::new(&KINDS);
+        let (services, service_writer) = reflector::store::<Service>();
+        let (pools, pool_writer) = reflector::store::<IPAddressPoolResource>();
+        let (namespaces, namespace_writer) = reflector::store::<Namespace>();
+        let store = KubeStore::new(services, pools, namespaces);
+
+        let current = Arc::new(CurrentManager::default());
+        let mut service_chain = ServiceChain::new();
+        service_chain.register("manager", Arc::clone(&current) as Arc<dyn ServiceHandler>);
+        let mut pool_chain = PoolChain::new();
+        pool_chain.register("manager", Arc::clone(&current) as Arc<dyn PoolHandler>);
+        let mut namespace_chain = NamespaceChain::new();
+        namespace_chain.register("manager", Arc::clone(&current) as Arc<dyn NamespaceHandler>);
+
+        let mut tasks = Vec::new();
+        let wc = config.watcher.clone();
+        tasks.push(spawn_watch(
+            Driver::new("Service", service_writer).notifying(store.service_changes()),
+            watcher(Api::<Service>::all(client.clone()), wc.clone()),
+            ServiceSink(Arc::new(service_chain)),
+            synced.clone(),
+            cancel.clone(),
+        ));
+        tasks.push(spawn_watch(
+            Driver::new("IPAddressPool", pool_writer),
+            watcher(
+                Api::<IPAddressPoolResource>::all(client.clone()),
+                wc.clone(),
+            ),
+            PoolSink(Arc::new(pool_chain)),
+            synced.clone(),
+            cancel.clone(),
+        ));
+        tasks.push(spawn_watch(
+            Driver::new("Namespace", namespace_writer),
+            watcher(Api::<Namespace>::all(client.clone()), wc),
+            NamespaceSink(Arc::new(namespace_chain)),
+            synced.clone(),
+            cancel.clone(),
+        ));
+
+        let elector = LeaderElector::new(
+            KubeLease::new(client.clone(), &config.lease_namespace, &config.lease_name),
+            config.lease.clone(),
+        );
+        let leader = elector.subscribe();
+        let gate = elector.gate();
+        tasks.push(tokio::spawn(elector.run(cancel.clone())));
+
+        let metrics = Metrics::new(synced.clone());
+        let shared = Arc::new(Shared {
+            client,
+            config,
+            store: store.clone(),
+            synced: synced.clone(),
+            current: Arc::clone(&current),
+            gate,
+            metrics: metrics.clone(),
+        });
+        tasks.push(tokio::spawn(lead(shared, leader.clone(), cancel.clone())));
+        Self {
+            store,
+            synced,
+            metrics,
+            leader,
+            current,
+            cancel,
+            tasks,
+        }
+    }
+
+    /// The shared cache.
+    pub fn store(&self) -> &KubeStore {
+        &self.store
+    }
+
+    /// Whether every watcher finished its initial list.
+    pub fn synced(&self) -> &SyncTracker {
+        &self.synced
+    }
+
+    /// The metrics this host reports.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Whether this replica leads; changes as soon as it does.
+    pub fn leader(&self) -> watch::Receiver<bool> {
+        self.leader.clone()
+    }
+
+    /// Resolves when the current term's manager is idle (see
+    /// `Manager::idle`); at once when there is no term.
+    pub async fn idle(&self) {
+        if let Some(manager) = self.current.get() {
+            manager.idle().await;
+        }
+    }
+
+    /// Stops everything (a leader gives its Lease up) and waits for it.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        for task in self.tasks {
+            if let Err(error) = task.await {
+                tracing::warn!(%error, "a host task failed");
+            }
+        }
+    }
+}
+
+fn spawn_watch<K, St, S>(
+    driver: Driver<K>,
+    stream: St,
+    sink: S,
+    synced: SyncTracker,
+    cancel: CancellationToken,
+) -> JoinHandle<()>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + std::fmt::Debug + 'static,
+    St: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    S: crate::watch::Sink<K> + 'static,
+{
+    tokio::spawn(async move {
+        let stream = stream.default_backoff();
+        tokio::select! {
+            () = cancel.cancelled() => {}
+            () = driver.run(stream, &sink, &synced) => {}
+        }
+    })
+}
+
+/// Runs a term whenever this replica leads, until `cancel` fires.
+async fn lead(shared: Arc<Shared>, mut leader: watch::Receiver<bool>, cancel: CancellationToken) {
+    loop {
+        let leading = tokio::select! {
+            () = cancel.cancelled() => return,
+            leading = async { leader.wait_for(|leading| *leading).await.map(|_| ()) } => leading,
+        };
+        if leading.is_err() {
+            return;
+        }
+        let term = cancel.child_token();
+        let worker = start_term(&shared, &term).await;
+        tokio::select! {
+            () = cancel.cancelled() => {}
+            _ = async { leader.wait_for(|leading| !*leading).await.map(|_| ()) } => {}
+        }
+        term.cancel();
+        shared.current.set(None);
+        shared.metrics.set_controller(None);
+        shared.metrics.set_leader(false);
+        if let Err(error) = worker.await {
+            tracing::warn!(%error, "the manager's worker failed");
+        }
+        tracing::info!("leadership term ended");
+        if cancel.is_cancelled() {
+            return;
+        }
+    }
+}
+
+/// Builds and starts the Manager of a new term; returns its worker.
+async fn start_term(shared: &Arc<Shared>, term: &CancellationToken) -> JoinHandle<()> {
+    tracing::info!("leading: building the controller from the cache");
+    let store: Arc<dyn Store> = Arc::new(shared.store.clone());
+    let reporter = Reporter {
+        controller: shared.config.reporting_controller.clone(),
+        instance: Some(shared.config.lease.identity.clone()),
+    };
+    let client = Arc::new(KubeClient::new(
+        shared.client.clone(),
+        shared.store.clone(),
+        shared.gate.clone(),
+        reporter,
+    ));
+    let controller = Arc::new(AllocatingController::new(
+        Arc::clone(&store),
+        client as Arc<dyn Client>,
+        ControllerConfig {
+            lb_class: shared.config.lb_class.clone(),
+        },
+    ));
+    let manager = Manager::new(
+        store,
+        Arc::clone(&controller),
+        shared.config.manager.clone(),
+    );
+    let worker = manager.start(term.clone());
+    // Current first, then the snapshot: an event that lands in between
+    // reaches the manager twice, which is harmless; none is lost.
+    shared.current.set(Some(manager.clone()));
+    deliver_cache(&shared.store, &manager).await;
+    shared.metrics.set_controller(Some(Arc::clone(&controller)));
+    shared.metrics.set_leader(true);
+
+    let shared = Arc::clone(shared);
+    let term = term.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = term.cancelled() => return,
+            () = shared.synced.wait() => {}
+        }
+        tracing::info!("every initial list complete: marking the manager synced");
+        manager.mark_synced();
+        // Pool statuses once the sync passes restored every holding.
+        tokio::select! {
+            () = term.cancelled() => return,
+            () = manager.idle() => {}
+        }
+        let writer = PoolStatusWriter::new(
+            shared.client.clone(),
+            shared.store.clone(),
+            shared.gate.clone(),
+        );
+        writer
+            .run(controller, shared.config.pool_status_period, term)
+            .await;
+    });
+    worker
+}
+
+/// Hands every cached object to a new term's manager: namespaces by name,
+/// pools and Services oldest first (their key breaking ties), so the first
+/// seen of two Services claiming one address is the older (§4.5).
+async fn deliver_cache(store: &KubeStore, manager: &TermManager) {
+    let mut namespaces = store.namespaces().state();
+    namespaces.sort_by_key(|ns| ns.name_any());
+    for namespace in &namespaces {
+        report(manager.on_add_namespace(namespace).await);
+    }
+    let mut pools = store.pools().state();
+    pools.sort_by_cached_key(|pool| creation_order(pool.as_ref()));
+    for pool in &pools {
+        report(manager.on_add_pool(&to_subscriber(pool)).await);
+    }
+    let mut services = store.services().state();
+    services.sort_by_cached_key(|service| creation_order(service.as_ref()));
+    for service in &services {
+        report(manager.on_add_service(service).await);
+    }
+    tracing::info!(
+        namespaces = namespaces.len(),
+        pools = pools.len(),
+        services = services.len(),
+        "cache handed to the manager"
+    );
+}
+
+fn report(result: Result<(), subscriber::Error>) {
+    if let Err(error) = result {
+        tracing::warn!(%error, "the manager refused a cached object");
+    }
+}

@@ -1,0 +1,39 @@
+//! The allocator plugin's host on a real cluster. It owns everything that
+//! talks to the Kubernetes API, and no allocation logic:
+//!
+//! - [`watch`]: kube-runtime watchers whose reflector stores are the
+//!   manager's shared cache ([`KubeStore`]), and a [`Driver`] per kind that
+//!   turns watch events, relists included, into subscriber chain calls; the
+//!   initial lists of Services, `IPAddressPool`s and Namespaces end with the
+//!   manager marked synced.
+//! - [`client`]: `manager::Client` over the API: the pool annotation and the
+//!   status subresource by merge patches that touch only our fields, 409
+//!   retried, Events through kube-runtime's recorder.
+//! - [`lease`]: leader election on a `coordination.k8s.io/v1` Lease, with a
+//!   write gate that shuts the moment leadership may be lost.
+//! - [`host`]: the wiring: one Manager and controller per leadership term,
+//!   rebuilt from the cache and the Services' statuses.
+//! - [`pool_status`], [`metrics`]: MetalLB's pool status fields and
+//!   allocator metrics, `/metrics`, `/healthz`, `/readyz`.
+//! - [`record`]: `kube-watcher record`, a cluster as a REPLAY.md stream.
+//! - [`crd`]: the `IPAddressPool` CustomResource, from the allocator's spec
+//!   types, and `deploy/crd.yaml`.
+//!
+//! Start with [`Host::start`]; `src/main.rs` is the command line.
+
+pub mod client;
+pub mod crd;
+pub mod host;
+pub mod lease;
+pub mod metrics;
+pub mod pool_status;
+pub mod record;
+pub mod store;
+pub mod watch;
+
+pub use crd::{IPAddressPoolResource, IPAddressPoolStatus, PoolSpec};
+pub use host::{Host, HostConfig};
+pub use lease::{LeaderElector, LeaderGate, LeaseConfig};
+pub use metrics::Metrics;
+pub use store::KubeStore;
+pub use watch::{Driver, SyncTracker};

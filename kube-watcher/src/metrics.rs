@@ -1,0 +1,335 @@
+//! Metrics in Prometheus text format (prometheus-client), read from the
+//! leading controller at scrape time, and the small HTTP server that serves
+//! them with `/healthz` and `/readyz`.
+//!
+//! - `metallb_allocator_addresses_total{pool,ip_family}` and
+//!   `metallb_allocator_addresses_in_use_total{pool,ip_family}`: MetalLB's
+//!   gauges, per accepted pool and family (only on the leader, which is the
+//!   only replica with an allocator).
+//! - `kube_watcher_reconciliations_total`, `kube_watcher_write_errors_total`,
+//!   `kube_watcher_event_errors_total`, `kube_watcher_pool_rejections_total`:
+//!   `AllocatingController::stats()`, summed over this process's leadership
+//!   terms so they never go down.
+//! - `kube_watcher_leader` and `kube_watcher_synced`: 1 or 0.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use manager::{AllocatingController, ControllerStats};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::watch::SyncTracker;
+
+/// The content type of `/metrics`.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// What the metrics are read from. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    source: Arc<Source>,
+    registry: Arc<Registry>,
+}
+
+#[derive(Debug)]
+struct Source {
+    state: Mutex<SourceState>,
+    leader: AtomicBool,
+    synced: SyncTracker,
+}
+
+#[derive(Debug, Default)]
+struct SourceState {
+    /// The counters of earlier leadership terms.
+    base: ControllerStats,
+    current: Option<Arc<AllocatingController>>,
+}
+
+fn add(a: ControllerStats, b: ControllerStats) -> ControllerStats {
+    ControllerStats {
+        reconciliations: a.reconciliations.saturating_add(b.reconciliations),
+        write_errors: a.write_errors.saturating_add(b.write_errors),
+        event_errors: a.event_errors.saturating_add(b.event_errors),
+        pool_rejections: a.pool_rejections.saturating_add(b.pool_rejections),
+    }
+}
+
+impl Source {
+    fn lock(&self) -> MutexGuard<'_, SourceState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Metrics {
+    /// Metrics that report `synced` as readiness.
+    pub fn new(synced: SyncTracker) -> Self {
+        let source = Arc::new(Source {
+            state: Mutex::new(SourceState::default()),
+            leader: AtomicBool::new(false),
+            synced,
+        });
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(ControllerCollector(Arc::clone(&source))));
+        Self {
+            source,
+            registry: Arc::new(registry),
+        }
+    }
+
+    /// The controller of a new leadership term (`None`: the term ended; its
+    /// counters are kept).
+    pub fn set_controller(&self, controller: Option<Arc<AllocatingController>>) {
+        let mut state = self.source.lock();
+        if let Some(old) = state.current.take() {
+            state.base = add(state.base, old.stats());
+        }
+        state.current = controller;
+    }
+
+    /// Whether this replica leads.
+    pub fn set_leader(&self, leader: bool) {
+        self.source.leader.store(leader, Ordering::Relaxed);
+    }
+
+    /// Whether every watcher finished its initial list.
+    pub fn is_ready(&self) -> bool {
+        self.source.synced.is_synced()
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+#[derive(Debug)]
+struct ControllerCollector(Arc<Source>);
+
+fn gauge(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    value: i64,
+) -> Result<(), std::fmt::Error> {
+    let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    ConstGauge::new(value).encode(metric)
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    ConstCounter::new(value).encode(metric)
+}
+
+/// A count as a gauge value (exact up to 2^53).
+fn as_f64(count: u128) -> f64 {
+    count as f64
+}
+
+impl Collector for ControllerCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let (base, current) = {
+            let state = self.0.lock();
+            (state.base, state.current.clone())
+        };
+        let (stats, pools) = {
+            match current {
+                Some(controller) => (add(base, controller.stats()), controller.pool_stats()),
+                None => (base, Vec::new()),
+            }
+        };
+        for (name, help, in_use) in [
+            (
+                "metallb_allocator_addresses_total",
+                "Number of usable IP addresses, per pool and IP family",
+                false,
+            ),
+            (
+                "metallb_allocator_addresses_in_use_total",
+                "Number of IP addresses in use, per pool and IP family",
+                true,
+            ),
+        ] {
+            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for pool in &pools {
+                for (family, stats) in [("ipv4", &pool.ipv4), ("ipv6", &pool.ipv6)] {
+                    let labels = [("pool", pool.name.as_str()), ("ip_family", family)];
+                    let value = if in_use {
+                        stats.assigned
+                    } else {
+                        stats.total.saturating_u128()
+                    };
+                    ConstGauge::new(as_f64(value)).encode(metric.encode_family(&labels)?)?;
+                }
+            }
+        }
+        counter(
+            &mut encoder,
+            "kube_watcher_reconciliations",
+            "Service reconciliations",
+            stats.reconciliations,
+        )?;
+        counter(
+            &mut encoder,
+            "kube_watcher_write_errors",
+            "Failed Service status or annotation writes (retried)",
+            stats.write_errors,
+        )?;
+        counter(
+            &mut encoder,
+            "kube_watcher_event_errors",
+            "Events that could not be emitted",
+            stats.event_errors,
+        )?;
+        counter(
+            &mut encoder,
+            "kube_watcher_pool_rejections",
+            "Times a pool change left a pool rejected",
+            stats.pool_rejections,
+        )?;
+        let leader = self.0.leader.load(Ordering::Relaxed);
+        gauge(
+            &mut encoder,
+            "kube_watcher_leader",
+            "1 while this replica holds the lease",
+            i64::from(leader),
+        )?;
+        gauge(
+            &mut encoder,
+            "kube_watcher_synced",
+            "1 once every watcher finished its initial list",
+            i64::from(self.0.synced.is_synced()),
+        )
+    }
+}
+
+fn response(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(value) = content_type.parse() {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, value);
+    }
+    response
+}
+
+/// Answers one request: `/metrics`, `/healthz`, `/readyz`.
+pub fn answer(metrics: &Metrics, path: &str) -> Response<Full<Bytes>> {
+    match path {
+        "/metrics" => match metrics.render() {
+            Ok(text) => response(StatusCode::OK, METRICS_CONTENT_TYPE, text),
+            Err(_) => response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                "cannot encode metrics\n".to_owned(),
+            ),
+        },
+        "/healthz" => response(StatusCode::OK, "text/plain", "ok\n".to_owned()),
+        "/readyz" if metrics.is_ready() => {
+            response(StatusCode::OK, "text/plain", "ok\n".to_owned())
+        }
+        "/readyz" => response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "initial list not complete\n".to_owned(),
+        ),
+        _ => response(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found\n".to_owned(),
+        ),
+    }
+}
+
+/// Serves [`answer`] on `listener` (HTTP/1.1) until `cancel` fires.
+pub async fn serve(listener: TcpListener, metrics: Metrics, cancel: CancellationToken) {
+    loop {
+        let accepted = tokio::select! {
+            () = cancel.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer): (_, SocketAddr) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "metrics server: accept failed");
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let reply = answer(&metrics, request.uri().path());
+                async move { Ok::<_, Infallible>(reply) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                () = cancel.cancelled() => {}
+                result = connection => {
+                    if let Err(error) = result {
+                        tracing::debug!(%peer, %error, "metrics connection failed");
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )]
+
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_readiness_without_a_controller() {
+        let synced = SyncTracker::new(&["Service"]);
+        let metrics = Metrics::new(synced.clone());
+        assert_eq!(
+            answer(&metrics, "/readyz").status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        synced.mark("Service");
+        assert_eq!(answer(&metrics, "/readyz").status(), StatusCode::OK);
+        assert_eq!(answer(&metrics, "/healthz").status(), StatusCode::OK);
+        assert_eq!(answer(&metrics, "/nope").status(), StatusCode::NOT_FOUND);
+        metrics.set_leader(true);
+        let text = metrics.render().unwrap();
+        assert!(
+            text.contains("kube_watcher_reconciliations_total 0\n"),
+            "{text}"
+        );
+        assert!(text.contains("kube_watcher_leader 1\n"), "{text}");
+        assert!(text.contains("kube_watcher_synced 1\n"), "{text}");
+        assert!(
+            text.contains("# TYPE metallb_allocator_addresses_total gauge"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,744 @@
+//! An API-server stub: a small in-process HTTP server that speaks the few
+//! Kubernetes endpoints kube-watcher uses, well enough to test the host
+//! without a cluster.
+//!
+//! - list and watch (with `resourceVersion`, chunked watch events, `410
+//!   Gone` for a resourceVersion older than the last compaction) of
+//!   Services, Namespaces and `IPAddressPool`s across namespaces;
+//! - JSON merge patches of a Service and of its status subresource, and of
+//!   a pool's status subresource (each a write that watchers see);
+//! - Events (`events.k8s.io/v1`: create, patch);
+//! - Leases (`coordination.k8s.io/v1`: get, create, replace with the
+//!   resourceVersion as precondition).
+//!
+//! Every request is recorded (method, path, query, content type, body and
+//! the `x-replica` header); tests can script failures of the next matching
+//! requests, hold a kind's list back, end every watch with `410 Gone`, or
+//! drop every watch connection.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+/// The collections the stub serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Kind {
+    Service,
+    Namespace,
+    Pool,
+    Lease,
+    Event,
+}
+
+impl Kind {
+    fn api_version(self) -> &'static str {
+        match self {
+            Kind::Service | Kind::Namespace => "v1",
+            Kind::Pool => "metallb.io/v1beta1",
+            Kind::Lease => "coordination.k8s.io/v1",
+            Kind::Event => "events.k8s.io/v1",
+        }
+    }
+
+    fn kind(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::Namespace => "Namespace",
+            Kind::Pool => "IPAddressPool",
+            Kind::Lease => "Lease",
+            Kind::Event => "Event",
+        }
+    }
+
+    fn of(value: &Value) -> Option<Kind> {
+        match value.get("kind")?.as_str()? {
+            "Service" => Some(Kind::Service),
+            "Namespace" => Some(Kind::Namespace),
+            "IPAddressPool" => Some(Kind::Pool),
+            "Lease" => Some(Kind::Lease),
+            "Event" => Some(Kind::Event),
+            _ => None,
+        }
+    }
+}
+
+/// One request as the stub received it.
+#[derive(Clone, Debug)]
+pub(crate) struct Recorded {
+    /// Sequence number, from 1.
+    pub(crate) seq: u64,
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) query: String,
+    pub(crate) content_type: String,
+    /// The body as JSON (`null` when empty or not JSON).
+    pub(crate) body: Value,
+    /// The `x-replica` header, if sent.
+    pub(crate) replica: Option<String>,
+}
+
+impl Recorded {
+    /// Whether this is a write (anything but GET).
+    pub(crate) fn is_write(&self) -> bool {
+        self.method != "GET"
+    }
+
+    /// Whether this is a write of a Service, an Event or a pool (not a
+    /// Lease).
+    pub(crate) fn is_object_write(&self) -> bool {
+        self.is_write() && !self.path.contains("/leases")
+    }
+}
+
+type Key = (Kind, String, String);
+
+/// A scripted failure: the next `count` requests of `method` whose path
+/// ends with `suffix` get `code`.
+#[derive(Clone, Debug)]
+struct Failure {
+    method: String,
+    suffix: String,
+    code: u16,
+    count: u32,
+}
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    /// (resourceVersion, kind, event type, object) of every write.
+    history: Vec<(u64, Kind, &'static str, Value)>,
+    /// Watches from a resourceVersion below this get `410 Gone`.
+    compacted: u64,
+    watchers: Vec<(Kind, mpsc::UnboundedSender<Bytes>)>,
+    requests: Vec<Recorded>,
+    failures: Vec<Failure>,
+    /// Kinds whose list requests wait until released.
+    held: Vec<Kind>,
+    created: u64,
+}
+
+impl State {
+    /// Writes `object` (or deletes it when `event` is DELETED) and tells the
+    /// watchers.
+    fn write(&mut self, kind: Kind, event: &'static str, mut object: Value) -> Value {
+        self.rv += 1;
+        let rv = self.rv;
+        if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            metadata.insert("resourceVersion".to_owned(), json!(rv.to_string()));
+        }
+        if let Some(map) = object.as_object_mut() {
+            map.insert("apiVersion".to_owned(), json!(kind.api_version()));
+            map.insert("kind".to_owned(), json!(kind.kind()));
+        }
+        let key = key_of(kind, &object);
+        if event == "DELETED" {
+            self.objects.remove(&key);
+        } else {
+            self.objects.insert(key, object.clone());
+        }
+        self.history.push((rv, kind, event, object.clone()));
+        let line = watch_line(event, &object);
+        self.watchers
+            .retain(|(watched, sender)| *watched != kind || sender.send(line.clone()).is_ok());
+        object
+    }
+
+    fn create(&mut self, kind: Kind, mut object: Value) -> Value {
+        self.created += 1;
+        let created = self.created;
+        if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            metadata
+                .entry("uid")
+                .or_insert_with(|| json!(format!("uid-{created}")));
+            metadata.entry("creationTimestamp").or_insert_with(|| {
+                json!(format!(
+                    "2024-01-01T{:02}:{:02}:{:02}Z",
+                    created / 3600 % 24,
+                    created / 60 % 60,
+                    created % 60
+                ))
+            });
+        }
+        self.write(kind, "ADDED", object)
+    }
+}
+
+fn key_of(kind: Kind, object: &Value) -> Key {
+    let metadata = object.get("metadata");
+    let text = |field: &str| {
+        metadata
+            .and_then(|m| m.get(field))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    (kind, text("namespace"), text("name"))
+}
+
+fn watch_line(event: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": event, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+/// RFC 7386 JSON merge patch.
+pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(fields) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            if let Some(map) = target.as_object_mut() {
+                for (field, value) in fields {
+                    if value.is_null() {
+                        map.remove(field);
+                    } else {
+                        merge_patch(map.entry(field.clone()).or_insert(Value::Null), value);
+                    }
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+fn full(status: StatusCode, body: &Value) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())).boxed_unsync());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
+    full(
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        &json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": message, "reason": reason, "code": code
+        }),
+    )
+}
+
+/// The running stub. Dropping it stops the server.
+pub(crate) struct ApiServerStub {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    changed: watch::Sender<u64>,
+    cancel: CancellationToken,
+}
+
+impl Drop for ApiServerStub {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+impl ApiServerStub {
+    /// Starts the stub on a free loopback port.
+    pub(crate) async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State::default()));
+        let changed = watch::Sender::new(0);
+        let cancel = CancellationToken::new();
+        let server = Server {
+            state: Arc::clone(&state),
+            changed: changed.clone(),
+        };
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = tokio::select! {
+                    () = stop.cancelled() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok(accepted) => accepted,
+                        Err(_) => continue,
+                    },
+                };
+                let server = server.clone();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request| {
+                        let server = server.clone();
+                        async move { Ok::<_, Infallible>(server.handle(request).await) }
+                    });
+                    let connection = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service);
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        _ = connection => {}
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            state,
+            changed,
+            cancel,
+        }
+    }
+
+    /// A kube client for this stub; `replica` is sent as `x-replica`.
+    pub(crate) fn client(&self, replica: &str) -> kube::Client {
+        let mut config = kube::Config::new(format!("http://{}", self.addr).parse().unwrap());
+        config
+            .headers
+            .push(("x-replica".parse().unwrap(), replica.parse().unwrap()));
+        config.read_timeout = None;
+        kube::Client::try_from(config).unwrap()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap()
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Creates (or replaces) `object`; its kind comes from its `kind`.
+    pub(crate) fn create(&self, object: Value) -> Value {
+        let kind = Kind::of(&object).expect("a kind the stub serves");
+        let written = self.lock().create(kind, object);
+        self.bump();
+        written
+    }
+
+    /// Deletes the object of `kind` at `namespace`/`name`.
+    pub(crate) fn delete(&self, kind: Kind, namespace: &str, name: &str) {
+        let mut state = self.lock();
+        let key = (kind, namespace.to_owned(), name.to_owned());
+        if let Some(object) = state.objects.get(&key).cloned() {
+            state.write(kind, "DELETED", object);
+        }
+        drop(state);
+        self.bump();
+    }
+
+    /// The stored object, if any.
+    pub(crate) fn get(&self, kind: Kind, namespace: &str, name: &str) -> Option<Value> {
+        self.lock()
+            .objects
+            .get(&(kind, namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Every Event object stored.
+    pub(crate) fn events(&self) -> Vec<Value> {
+        self.lock()
+            .objects
+            .iter()
+            .filter(|((kind, _, _), _)| *kind == Kind::Event)
+            .map(|(_, event)| event.clone())
+            .collect()
+    }
+
+    /// Every request so far.
+    pub(crate) fn requests(&self) -> Vec<Recorded> {
+        self.lock().requests.clone()
+    }
+
+    /// The sequence number of the last request (0: none yet).
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.lock().requests.last().map_or(0, |r| r.seq)
+    }
+
+    /// The next `count` requests of `method` whose path ends with `suffix`
+    /// fail with `code`.
+    pub(crate) fn fail_next(&self, method: &str, suffix: &str, code: u16, count: u32) {
+        self.lock().failures.push(Failure {
+            method: method.to_owned(),
+            suffix: suffix.to_owned(),
+            code,
+            count,
+        });
+    }
+
+    /// List requests of `kind` wait until [`release`](Self::release).
+    pub(crate) fn hold_lists(&self, kind: Kind) {
+        self.lock().held.push(kind);
+    }
+
+    /// Lets the held lists of `kind` go.
+    pub(crate) fn release(&self, kind: Kind) {
+        self.lock().held.retain(|held| *held != kind);
+        self.bump();
+    }
+
+    /// Ends every open watch with a `410 Gone` ERROR event and compacts the
+    /// history, so resuming from an older resourceVersion is refused too:
+    /// every watcher must relist.
+    pub(crate) fn expire_watches(&self) {
+        let mut state = self.lock();
+        state.compacted = state.rv;
+        let gone = watch_line(
+            "ERROR",
+            &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "too old resource version", "reason": "Expired", "code": 410}),
+        );
+        for (_, sender) in std::mem::take(&mut state.watchers) {
+            let _ = sender.send(gone.clone());
+        }
+        drop(state);
+        self.bump();
+    }
+
+    /// Closes every open watch connection (a disconnect): watchers resume
+    /// from their last resourceVersion.
+    pub(crate) fn disconnect_watches(&self) {
+        self.lock().watchers.clear();
+        self.bump();
+    }
+
+    /// Another holder writes itself into the Lease, as a replica that took
+    /// it over would.
+    pub(crate) fn steal_lease(&self, namespace: &str, name: &str, holder: &str) {
+        let mut state = self.lock();
+        let key = (Kind::Lease, namespace.to_owned(), name.to_owned());
+        let mut lease = state.objects.get(&key).cloned().expect("the lease exists");
+        lease["spec"]["holderIdentity"] = json!(holder);
+        lease["spec"]["renewTime"] = json!("2030-01-01T00:00:00.000000Z");
+        state.write(Kind::Lease, "MODIFIED", lease);
+        drop(state);
+        self.bump();
+    }
+
+    /// Waits (at most 20 s) until `check` holds for the recorded requests
+    /// and objects; re-checked after every request and write.
+    pub(crate) async fn wait_until<F>(&self, what: &str, mut check: F)
+    where
+        F: FnMut(&ApiServerStub) -> bool,
+    {
+        let mut changed = self.changed.subscribe();
+        let waited = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                changed.borrow_and_update();
+                if check(self) {
+                    return;
+                }
+                changed.changed().await.unwrap();
+            }
+        })
+        .await;
+        if waited.is_err() {
+            for r in self
+                .requests()
+                .iter()
+                .filter(|r| !r.path.contains("/leases"))
+            {
+                let replica = r.replica.as_deref().unwrap_or("-");
+                eprintln!(
+                    "{} {replica} {} {}?{} {}",
+                    r.seq, r.method, r.path, r.query, r.body
+                );
+            }
+            panic!("timed out waiting until {what} (requests above, leases left out)");
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Server {
+    state: Arc<Mutex<State>>,
+    changed: watch::Sender<u64>,
+}
+
+/// What a path names.
+enum Target {
+    /// A collection across namespaces (list, watch).
+    All(Kind),
+    /// A collection in a namespace (create).
+    Namespaced(Kind, String),
+    /// One object, or its status subresource.
+    One {
+        kind: Kind,
+        namespace: String,
+        name: String,
+        status: bool,
+    },
+}
+
+fn parse_path(path: &str) -> Option<Target> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let kind_of = |plural: &str| match plural {
+        "services" => Some(Kind::Service),
+        "namespaces" => Some(Kind::Namespace),
+        "ipaddresspools" => Some(Kind::Pool),
+        "leases" => Some(Kind::Lease),
+        "events" => Some(Kind::Event),
+        _ => None,
+    };
+    // Strip the group/version prefix.
+    let rest: &[&str] = match parts.as_slice() {
+        ["api", "v1", rest @ ..] => rest,
+        ["apis", _, _, rest @ ..] => rest,
+        _ => return None,
+    };
+    match rest {
+        [plural] => Some(Target::All(kind_of(plural)?)),
+        ["namespaces", name] => Some(Target::One {
+            kind: Kind::Namespace,
+            namespace: String::new(),
+            name: (*name).to_owned(),
+            status: false,
+        }),
+        ["namespaces", namespace, plural] => Some(Target::Namespaced(
+            kind_of(plural)?,
+            (*namespace).to_owned(),
+        )),
+        ["namespaces", namespace, plural, name] => Some(Target::One {
+            kind: kind_of(plural)?,
+            namespace: (*namespace).to_owned(),
+            name: (*name).to_owned(),
+            status: false,
+        }),
+        ["namespaces", namespace, plural, name, "status"] => Some(Target::One {
+            kind: kind_of(plural)?,
+            namespace: (*namespace).to_owned(),
+            name: (*name).to_owned(),
+            status: true,
+        }),
+        _ => None,
+    }
+}
+
+fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+}
+
+impl Server {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap()
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        let query = request.uri().query().unwrap_or_default().to_owned();
+        let header = |name: &str| {
+            request
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let content_type = header("content-type").unwrap_or_default();
+        let merge = content_type.starts_with("application/merge-patch+json");
+        let replica = header("x-replica");
+        let bytes = match request.into_body().collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(_) => Bytes::new(),
+        };
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let failure = {
+            let mut state = self.lock();
+            let seq = state.requests.len() as u64 + 1;
+            state.requests.push(Recorded {
+                seq,
+                method: method.to_string(),
+                path: path.clone(),
+                query: query.clone(),
+                content_type: content_type.clone(),
+                body: body.clone(),
+                replica,
+            });
+            let failure = state
+                .failures
+                .iter_mut()
+                .find(|f| f.count > 0 && f.method == method.as_str() && path.ends_with(&f.suffix));
+            failure.map(|f| {
+                f.count -= 1;
+                f.code
+            })
+        };
+        self.bump();
+        if let Some(code) = failure {
+            let reason = if code == 409 {
+                "Conflict"
+            } else {
+                "InternalError"
+            };
+            return status(code, reason, "scripted failure");
+        }
+        let Some(target) = parse_path(&path) else {
+            return status(404, "NotFound", "unknown path");
+        };
+        let watching = query_param(&query, "watch").is_some_and(|w| w == "true" || w == "1");
+        match (method, target) {
+            (Method::GET, Target::All(kind)) if watching => self.watch(kind, &query),
+            (Method::GET, Target::All(kind)) => self.list(kind).await,
+            (
+                Method::GET,
+                Target::One {
+                    kind,
+                    namespace,
+                    name,
+                    ..
+                },
+            ) => match self.lock().objects.get(&(kind, namespace, name)) {
+                Some(object) => full(StatusCode::OK, object),
+                None => status(404, "NotFound", "not found"),
+            },
+            (Method::POST, Target::Namespaced(kind, namespace)) => {
+                let mut object = body;
+                object["metadata"]["namespace"] = json!(namespace);
+                let key = key_of(kind, &object);
+                let mut state = self.lock();
+                if state.objects.contains_key(&key) {
+                    return status(409, "AlreadyExists", "already exists");
+                }
+                let created = state.create(kind, object);
+                drop(state);
+                self.bump();
+                full(StatusCode::CREATED, &created)
+            }
+            (
+                Method::PUT,
+                Target::One {
+                    kind,
+                    namespace,
+                    name,
+                    ..
+                },
+            ) => {
+                let mut state = self.lock();
+                let key = (kind, namespace, name);
+                let Some(current) = state.objects.get(&key) else {
+                    return status(404, "NotFound", "not found");
+                };
+                if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+                    return status(409, "Conflict", "the object has been modified");
+                }
+                let written = state.write(kind, "MODIFIED", body);
+                drop(state);
+                self.bump();
+                full(StatusCode::OK, &written)
+            }
+            (
+                Method::PATCH,
+                Target::One {
+                    kind,
+                    namespace,
+                    name,
+                    status: sub,
+                },
+            ) => {
+                if !merge {
+                    return status(415, "UnsupportedMediaType", "merge patches only");
+                }
+                let mut state = self.lock();
+                let key = (kind, namespace, name);
+                let Some(mut object) = state.objects.get(&key).cloned() else {
+                    return status(404, "NotFound", "not found");
+                };
+                // The status subresource takes only status; the object
+                // ignores status (as an API server does).
+                let patch = match (sub, body) {
+                    (true, Value::Object(mut fields)) => {
+                        json!({"status": fields.remove("status").unwrap_or(Value::Null)})
+                    }
+                    (false, Value::Object(mut fields)) => {
+                        fields.remove("status");
+                        Value::Object(fields)
+                    }
+                    (_, other) => other,
+                };
+                merge_patch(&mut object, &patch);
+                let written = state.write(kind, "MODIFIED", object);
+                drop(state);
+                self.bump();
+                full(StatusCode::OK, &written)
+            }
+            _ => status(405, "MethodNotAllowed", "not served by the stub"),
+        }
+    }
+
+    async fn list(&self, kind: Kind) -> Response<Body> {
+        let mut changed = self.changed.subscribe();
+        while self.lock().held.contains(&kind) {
+            if changed.changed().await.is_err() {
+                break;
+            }
+        }
+        let state = self.lock();
+        let items: Vec<Value> = state
+            .objects
+            .iter()
+            .filter(|((k, _, _), _)| *k == kind)
+            .map(|(_, object)| object.clone())
+            .collect();
+        full(
+            StatusCode::OK,
+            &json!({
+                "apiVersion": kind.api_version(),
+                "kind": format!("{}List", kind.kind()),
+                "metadata": {"resourceVersion": state.rv.to_string()},
+                "items": items,
+            }),
+        )
+    }
+
+    fn watch(&self, kind: Kind, query: &str) -> Response<Body> {
+        let from: u64 = query_param(query, "resourceVersion")
+            .and_then(|rv| rv.parse().ok())
+            .unwrap_or(0);
+        let (sender, receiver) = mpsc::unbounded_channel::<Bytes>();
+        {
+            let mut state = self.lock();
+            if from < state.compacted {
+                let gone = watch_line(
+                    "ERROR",
+                    &json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                            "status": "Failure", "message": "too old resource version",
+                            "reason": "Expired", "code": 410}),
+                );
+                let _ = sender.send(gone);
+            } else {
+                for (rv, k, event, object) in &state.history {
+                    if *k == kind && *rv > from {
+                        let _ = sender.send(watch_line(event, object));
+                    }
+                }
+                state.watchers.push((kind, sender));
+            }
+        }
+        let stream = futures::stream::unfold(receiver, |mut receiver| async move {
+            let line = receiver.recv().await?;
+            Some((Ok::<_, Infallible>(Frame::data(line)), receiver))
+        });
+        let mut response = Response::new(StreamBody::new(stream).boxed_unsync());
+        response.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+}

@@ -1,0 +1,81 @@
+//! Test support: the API-server stub, objects, and a host configured for
+//! tests.
+
+pub(crate) mod apiserver_stub;
+
+use std::time::Duration;
+
+use kube_watcher::HostConfig;
+use manager::ManagerConfig;
+use serde_json::{json, Value};
+
+/// The namespace and name of the Lease in these tests.
+pub(crate) const LEASE_NAMESPACE: &str = "kube-system";
+pub(crate) const LEASE_NAME: &str = "kube-watcher";
+
+/// A host config with short timings: lease 3s, renew deadline 2s, retry
+/// 100ms; pool status every 100ms.
+pub(crate) fn config(identity: &str) -> HostConfig {
+    let mut config = HostConfig::new(identity, LEASE_NAMESPACE)
+        .lease_name(LEASE_NAME)
+        .lease_timing(
+            Duration::from_secs(3),
+            Duration::from_secs(2),
+            Duration::from_millis(100),
+        );
+    config.pool_status_period = Duration::from_millis(100);
+    config.manager = ManagerConfig::default().retry_base(Duration::from_millis(10));
+    config
+}
+
+pub(crate) fn namespace(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+}
+
+pub(crate) fn pool(name: &str, addresses: &[&str]) -> Value {
+    json!({
+        "apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+        "metadata": {"namespace": "metallb-system", "name": name},
+        "spec": {"addresses": addresses}
+    })
+}
+
+/// A single-stack IPv4 LoadBalancer Service with one TCP port.
+pub(crate) fn service(namespace: &str, name: &str, cluster_ip: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": {
+            "type": "LoadBalancer",
+            "clusterIP": cluster_ip, "clusterIPs": [cluster_ip],
+            "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+            "externalTrafficPolicy": "Cluster",
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]
+        }
+    })
+}
+
+/// `status.loadBalancer.ingress[].ip` of a stored Service.
+pub(crate) fn ingress(service: &Value) -> Vec<String> {
+    service["status"]["loadBalancer"]["ingress"]
+        .as_array()
+        .map(|ingress| {
+            ingress
+                .iter()
+                .filter_map(|i| i["ip"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Polls `check` every 10ms for at most 20s (for state the stub does not
+/// see, such as the host's cache).
+pub(crate) async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let waited = tokio::time::timeout(Duration::from_secs(20), async {
+        while !check() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "timed out waiting until {what}");
+}

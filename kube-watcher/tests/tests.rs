@@ -1,0 +1,27 @@
+//! Integration tests of kube-watcher, one binary. No API server can run
+//! here, so the host runs against an in-process API-server stub
+//! (`support/apiserver_stub.rs`).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
+mod support;
+
+// The host on the stub: writes, sync order, 409, 410 and relists, leases.
+mod host;
+
+// `kube-watcher record`: a REPLAY.md stream that fake-watcher replays.
+mod record;
+
+// deploy/crd.yaml is what the Rust types generate.
+mod crd;
+
+// deploy/rbac.yaml grants exactly the verbs the host and the recorder use.
+mod rbac;
+
+// Against the cluster in KUBECONFIG; ignored by default (see README.md).
+mod e2e;
