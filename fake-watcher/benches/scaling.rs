@@ -1,0 +1,1390 @@
+//! The scaling benchmarks of issue #5, run by `cargo xtask bench [--quick]
+//! [--json PATH]` (a plain harness: `std::time::Instant`, no criterion).
+//!
+//! Every input is generated here, from fixed seeds, so two runs measure the
+//! same work:
+//!
+//! - `alloc_v4`, `alloc_v6`, `alloc_shared`: N allocations on the allocator
+//!   crate alone (one IPv4 /12 pool, one IPv6 /64 pool, groups of 10
+//!   Services sharing one IPv4 address with disjoint ports). The requests are
+//!   built before the clock starts; the whole loop is timed and divided by N,
+//!   best of several repetitions.
+//! - `restart`: a stream of N Services that already hold addresses in their
+//!   status (and the pool annotation), the pool first, then `SYNCED`,
+//!   replayed through the full pipeline (decode, store, chain, manager,
+//!   controller, writes) in a child process that reads the stream from a file
+//!   and reports the time, the Services whose addresses changed, and its peak
+//!   RSS (`VmHWM`).
+//! - `replay`: a mixed stream (creates, updates, deletes and 3 pool changes
+//!   in all, each of which reconsiders every Service) through the full
+//!   pipeline; `decode_only`: the same lines decoded into objects and
+//!   nothing else, the floor a replay cannot beat.
+//! - `mass_delete`: Manager and AllocatingController driven directly (the
+//!   replay store and in-memory client, no stream): a pool of exactly H
+//!   addresses, H Services holding them and W waiting; then D deletes arrive
+//!   as one burst (as a namespace deletion does) and the time until the
+//!   manager is idle is measured. A few deletes one at a time, each waited
+//!   for, show what one delete costs when the waiting Services are
+//!   reconsidered after every one.
+//! - memory: the allocator's live bytes per held address, from a counting
+//!   global allocator, and the restart's peak RSS.
+//!
+//! Hidden flags: `--only NAME` runs one scenario and `--sizes N,N,...`
+//! replaces the sizes (for profiling); `--child-restart N PATH` is the child
+//! process of `restart`.
+
+use std::collections::BTreeMap;
+use std::io::{BufReader, Write};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use allocator::spec::IPAddressPoolSpec;
+use allocator::{Allocator, Family, FamilyPolicy, Port, Protocol, Request, Subject};
+use fake_watcher::{
+    decode_event, replay_blocking, Change, Delta, Kind, MemoryClient, ObjectRef, ReplayOptions,
+    ReplayStore, StreamReader, WatchEvent,
+};
+use manager::{AllocatingController, Client, ControllerConfig, Manager, ManagerConfig};
+use subscriber::{PoolChain, PoolHandler, ServiceChain, ServiceHandler};
+use tokio_util::sync::CancellationToken;
+
+/// Counts live heap bytes (`allocated()`), for the allocator's bytes per
+/// address. Its cost (an atomic add per allocation) is in every timing.
+#[global_allocator]
+static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
+
+type Error = Box<dyn std::error::Error>;
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+const USAGE: &str = "usage: scaling [--quick] [--json PATH] [--only SCENARIO]
+scenarios: alloc_v4 alloc_v6 alloc_shared restart replay decode_only mass_delete memory";
+
+/// The pool of every IPv4 scenario but `mass_delete`: 2^20 addresses.
+const POOL_V4: &str = "172.16.0.0/12";
+const POOL_V4_BASE: u32 = 0xAC10_0000;
+const POOL_V4_SIZE: u32 = 1 << 20;
+const POOL_V6: &str = "fd00:1::/64";
+const NAMESPACES: usize = 50;
+const SHARING_GROUP: usize = 10;
+/// Untimed deletes before the serial sample of `mass_delete`.
+const SERIAL_WARMUP: usize = 5;
+/// The serial sample stops after this long.
+const SERIAL_BUDGET: Duration = Duration::from_secs(5);
+/// Fixed seed of the mixed stream.
+const REPLAY_SEED: u64 = 0x5eed_0005;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = if args.first().map(String::as_str) == Some("--child-restart") {
+        child_restart(args.get(1..).unwrap_or_default()).map(|()| true)
+    } else {
+        parse(&args).and_then(run)
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Options {
+    quick: bool,
+    json: Option<PathBuf>,
+    only: Option<String>,
+    /// `--sizes N,N,...` (hidden): replaces the sizes of the mode.
+    sizes: Option<Vec<usize>>,
+}
+
+fn parse(args: &[String]) -> Result<Options> {
+    let mut options = Options {
+        quick: false,
+        json: None,
+        only: None,
+        sizes: None,
+    };
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => options.quick = true,
+            "--json" => {
+                let path = args.next().ok_or("--json needs a path")?;
+                options.json = Some(PathBuf::from(path));
+            }
+            "--only" => {
+                let name = args.next().ok_or("--only needs a scenario")?;
+                options.only = Some(name.clone());
+            }
+            "--sizes" => {
+                let list = args.next().ok_or("--sizes needs N,N,...")?;
+                let sizes = list
+                    .split(',')
+                    .map(|n| n.trim().parse::<usize>().map(|n| n.max(1)))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|error| format!("--sizes {list}: {error}"))?;
+                options.sizes = Some(sizes);
+            }
+            // `cargo bench` passes this to every bench binary.
+            "--bench" => {}
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Err("help printed".into());
+            }
+            other => return Err(format!("unknown argument {other}\n{USAGE}").into()),
+        }
+    }
+    Ok(options)
+}
+
+// ----- the report -----
+
+/// One row of the table.
+struct Row {
+    name: String,
+    n: String,
+    total: String,
+    rate: String,
+    target: String,
+    /// `None`: no target.
+    met: Option<bool>,
+}
+
+#[derive(Default)]
+struct Report {
+    rows: Vec<Row>,
+    json: serde_json::Map<String, serde_json::Value>,
+    /// Targets: (name, met, detail).
+    targets: Vec<(String, bool, String)>,
+    /// What makes the run fail (errors, changed addresses).
+    failures: Vec<String>,
+    notes: Vec<String>,
+}
+
+impl Report {
+    fn number(&mut self, name: &str, value: f64) {
+        let value = serde_json::Number::from_f64(value)
+            .map_or(serde_json::Value::Null, serde_json::Value::Number);
+        self.json.insert(name.to_owned(), value);
+    }
+
+    fn integer(&mut self, name: &str, value: u64) {
+        self.json.insert(name.to_owned(), value.into());
+    }
+
+    fn target(&mut self, name: &str, met: bool, detail: String) {
+        self.targets.push((name.to_owned(), met, detail));
+    }
+
+    fn print(&self) {
+        let headers = ["SCENARIO", "N", "TOTAL", "PER OP / RATE", "TARGET", "MET"];
+        let cells: Vec<[String; 6]> = self
+            .rows
+            .iter()
+            .map(|row| {
+                [
+                    row.name.clone(),
+                    row.n.clone(),
+                    row.total.clone(),
+                    row.rate.clone(),
+                    row.target.clone(),
+                    match row.met {
+                        None => "-".to_owned(),
+                        Some(true) => "yes".to_owned(),
+                        Some(false) => "NO".to_owned(),
+                    },
+                ]
+            })
+            .collect();
+        let mut widths = headers.map(str::len);
+        for row in &cells {
+            for (width, cell) in widths.iter_mut().zip(row) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let line = |cells: &[String]| {
+            let mut out = String::new();
+            for (cell, width) in cells.iter().zip(widths) {
+                out.push_str(&format!("{cell:<width$}  "));
+            }
+            println!("{}", out.trim_end());
+        };
+        println!();
+        line(&headers.map(str::to_owned));
+        for row in &cells {
+            line(row);
+        }
+        if !self.notes.is_empty() {
+            println!();
+            for note in &self.notes {
+                println!("note: {note}");
+            }
+        }
+        println!("\ntargets:");
+        for (name, met, detail) in &self.targets {
+            let verdict = if *met { "met    " } else { "MISSED " };
+            println!("  {verdict} {name}: {detail}");
+        }
+        let met = self.targets.iter().filter(|(_, met, _)| *met).count();
+        println!("  {met} of {} targets met", self.targets.len());
+        for failure in &self.failures {
+            println!("FAILED: {failure}");
+        }
+    }
+}
+
+fn size_name(n: usize) -> String {
+    if n >= 1000 && n % 1000 == 0 {
+        format!("{}k", n / 1000)
+    } else {
+        n.to_string()
+    }
+}
+
+fn human(seconds: f64) -> String {
+    if seconds >= 1.0 {
+        format!("{seconds:.2} s")
+    } else if seconds >= 1e-3 {
+        format!("{:.2} ms", seconds * 1e3)
+    } else {
+        format!("{:.2} us", seconds * 1e6)
+    }
+}
+
+fn rate(per_second: f64) -> String {
+    if per_second >= 1e6 {
+        format!("{:.2}M/s", per_second / 1e6)
+    } else if per_second >= 1e3 {
+        format!("{:.1}k/s", per_second / 1e3)
+    } else {
+        format!("{per_second:.1}/s")
+    }
+}
+
+fn run(options: Options) -> Result<bool> {
+    let sizes: &[usize] = match &options.sizes {
+        Some(sizes) => sizes,
+        None if options.quick => &[1_000, 10_000],
+        None => &[1_000, 10_000, 100_000],
+    };
+    let selected = |name: &str| options.only.as_deref().is_none_or(|only| only == name);
+    let mut report = Report::default();
+    println!(
+        "scaling benchmarks ({} mode), sizes {}",
+        if options.quick { "quick" } else { "full" },
+        sizes
+            .iter()
+            .map(|&n| size_name(n))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for kind in [AllocKind::V4, AllocKind::V6, AllocKind::Shared] {
+        if selected(kind.name()) {
+            step(&mut report, kind.name(), |report| {
+                alloc_scenario(report, kind, sizes, options.quick)
+            });
+        }
+    }
+    if selected("restart") {
+        step(&mut report, "restart", |report| {
+            restart_scenario(report, sizes)
+        });
+    }
+    if selected("replay") || selected("decode_only") {
+        let n = sizes.last().copied().unwrap_or(1_000);
+        step(&mut report, "replay", |report| {
+            replay_scenario(report, n, selected("replay"), selected("decode_only"))
+        });
+    }
+    if selected("mass_delete") {
+        let scale = if options.quick {
+            MassDelete {
+                held: 10_000,
+                waiting: 1_000,
+                deleted: 5_000,
+                serial: 1_000,
+                budget: Duration::from_secs(60),
+            }
+        } else {
+            MassDelete {
+                held: 100_000,
+                waiting: 10_000,
+                deleted: 50_000,
+                serial: 1_000,
+                budget: Duration::from_secs(60),
+            }
+        };
+        step(&mut report, "mass_delete", |report| {
+            mass_delete_scenario(report, &scale)
+        });
+    }
+    if selected("memory") {
+        let n = sizes.last().copied().unwrap_or(1_000);
+        step(&mut report, "memory", |report| memory_scenario(report, n));
+    }
+    report.print();
+    if let Some(path) = &options.json {
+        let text = serde_json::to_string_pretty(&report.json)?;
+        std::fs::write(path, text + "\n")
+            .map_err(|error| format!("writing {}: {error}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(report.failures.is_empty())
+}
+
+/// Runs one scenario; an error fails the run but not the other scenarios.
+fn step(report: &mut Report, name: &str, scenario: impl FnOnce(&mut Report) -> Result<()>) {
+    eprintln!("running {name}...");
+    let start = Instant::now();
+    if let Err(error) = scenario(report) {
+        report.failures.push(format!("{name}: {error}"));
+    }
+    eprintln!("  {name} done in {:.1} s", start.elapsed().as_secs_f64());
+}
+
+// ----- alloc_* -----
+
+#[derive(Clone, Copy)]
+enum AllocKind {
+    V4,
+    V6,
+    Shared,
+}
+
+impl AllocKind {
+    fn name(self) -> &'static str {
+        match self {
+            AllocKind::V4 => "alloc_v4",
+            AllocKind::V6 => "alloc_v6",
+            AllocKind::Shared => "alloc_shared",
+        }
+    }
+
+    fn pool(self) -> &'static str {
+        match self {
+            AllocKind::V6 => POOL_V6,
+            AllocKind::V4 | AllocKind::Shared => POOL_V4,
+        }
+    }
+
+    fn family(self) -> Family {
+        match self {
+            AllocKind::V6 => Family::V6,
+            AllocKind::V4 | AllocKind::Shared => Family::V4,
+        }
+    }
+}
+
+/// Everything the requests of one run borrow, built before the clock starts.
+struct Requests {
+    keys: Vec<String>,
+    namespaces: Vec<String>,
+    labels: BTreeMap<String, String>,
+    /// One port list per member of a sharing group (index 0 for unshared).
+    ports: Vec<Vec<Port>>,
+    /// The sharing key of each Service ("" when unshared).
+    sharing: Vec<String>,
+    family: Family,
+}
+
+impl Requests {
+    fn new(kind: AllocKind, n: usize) -> Self {
+        let shared = matches!(kind, AllocKind::Shared);
+        let members = if shared { SHARING_GROUP } else { 1 };
+        Self {
+            keys: (0..n)
+                .map(|i| format!("ns-{}/svc-{i}", i % NAMESPACES))
+                .collect(),
+            namespaces: (0..NAMESPACES).map(|i| format!("ns-{i}")).collect(),
+            labels: BTreeMap::new(),
+            ports: (0..members)
+                .map(|member| {
+                    vec![Port {
+                        protocol: Protocol::Tcp,
+                        port: 8000 + i32::try_from(member).unwrap_or(0),
+                    }]
+                })
+                .collect(),
+            sharing: (0..n)
+                .map(|i| {
+                    if shared {
+                        format!("group-{}", i / SHARING_GROUP)
+                    } else {
+                        String::new()
+                    }
+                })
+                .collect(),
+            family: kind.family(),
+        }
+    }
+
+    fn build(&self) -> Vec<Request<'_>> {
+        let empty: &[Port] = &[];
+        self.keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| Request {
+                key,
+                subject: Subject {
+                    namespace: self
+                        .namespaces
+                        .get(i % NAMESPACES)
+                        .map_or("", String::as_str),
+                    labels: &self.labels,
+                    namespace_labels: &self.labels,
+                },
+                families: FamilyPolicy::Single(self.family),
+                sharing_key: self.sharing.get(i).map_or("", String::as_str),
+                backend_key: "",
+                ports: self
+                    .ports
+                    .get(i % self.ports.len().max(1))
+                    .map_or(empty, Vec::as_slice),
+                pool: None,
+                addresses: &[],
+            })
+            .collect()
+    }
+}
+
+fn pool_spec(addresses: &[&str]) -> IPAddressPoolSpec {
+    IPAddressPoolSpec {
+        addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),
+        ..IPAddressPoolSpec::default()
+    }
+}
+
+/// An allocator with the one pool of `kind`.
+fn allocator_for(kind: AllocKind) -> Result<Allocator> {
+    let mut allocator = Allocator::new();
+    allocator.set_pool("main", &pool_spec(&[kind.pool()]));
+    if allocator.pool("main").is_none() {
+        return Err(format!("pool {} was rejected", kind.pool()).into());
+    }
+    Ok(allocator)
+}
+
+/// Allocates every request; checks the number of addresses in use.
+fn allocate_all(
+    allocator: &mut Allocator,
+    requests: &[Request<'_>],
+    kind: AllocKind,
+) -> Result<Duration> {
+    let start = Instant::now();
+    for request in requests {
+        allocator
+            .allocate(request)
+            .map_err(|error| format!("{}: {error}", request.key))?;
+    }
+    let elapsed = start.elapsed();
+    let expected = match kind {
+        AllocKind::Shared => requests.len().div_ceil(SHARING_GROUP),
+        AllocKind::V4 | AllocKind::V6 => requests.len(),
+    };
+    let assigned: u128 = allocator
+        .pool_stats()
+        .iter()
+        .map(|stats| stats.ipv4.assigned + stats.ipv6.assigned)
+        .sum();
+    if assigned != expected as u128 || allocator.len() != requests.len() {
+        return Err(format!(
+            "{} services hold {assigned} addresses, expected {} services on {expected}",
+            allocator.len(),
+            requests.len()
+        )
+        .into());
+    }
+    Ok(elapsed)
+}
+
+fn alloc_scenario(
+    report: &mut Report,
+    kind: AllocKind,
+    sizes: &[usize],
+    quick: bool,
+) -> Result<()> {
+    let budget = if quick { 100_000 } else { 300_000 };
+    let mut per_op = Vec::new();
+    for &n in sizes {
+        let requests = Requests::new(kind, n);
+        let built = requests.build();
+        let repetitions = (budget / n).clamp(3, 30);
+        let mut best = Duration::MAX;
+        for _ in 0..repetitions {
+            let mut allocator = allocator_for(kind)?;
+            best = best.min(allocate_all(&mut allocator, &built, kind)?);
+            drop(allocator);
+        }
+        let us = best.as_secs_f64() * 1e6 / n as f64;
+        per_op.push((n, us));
+        report.number(&format!("{}_us_per_op_{}", kind.name(), size_name(n)), us);
+        let (target, met) = match per_op.first() {
+            Some(&(first, base)) if n != first && Some(&n) == sizes.last() => {
+                let ratio = us / base;
+                report.number(
+                    &format!(
+                        "{}_ratio_{}_{}",
+                        kind.name(),
+                        size_name(n),
+                        size_name(first)
+                    ),
+                    ratio,
+                );
+                let met = ratio <= 2.0;
+                report.target(
+                    &format!(
+                        "{}_us_per_op_{} <= 2 x {}",
+                        kind.name(),
+                        size_name(n),
+                        size_name(first)
+                    ),
+                    met,
+                    format!("{us:.3} us vs {base:.3} us: ratio {ratio:.2}"),
+                );
+                (
+                    format!("<= 2x {} (ratio {ratio:.2})", size_name(first)),
+                    Some(met),
+                )
+            }
+            Some(&(first, base)) if n != first => (
+                format!("(ratio to {} {:.2})", size_name(first), us / base),
+                None,
+            ),
+            _ => (String::new(), None),
+        };
+        report.rows.push(Row {
+            name: kind.name().to_owned(),
+            n: size_name(n),
+            total: human(best.as_secs_f64()),
+            rate: format!("{us:.3} us/op"),
+            target,
+            met,
+        });
+    }
+    Ok(())
+}
+
+// ----- streams -----
+
+fn v4(offset: u32) -> Ipv4Addr {
+    Ipv4Addr::from(POOL_V4_BASE.wrapping_add(offset))
+}
+
+/// A scattered, collision-free address of the /12 pool for Service `i`
+/// (an odd multiplier is a bijection modulo 2^20).
+fn scattered(i: usize) -> Ipv4Addr {
+    let i = u32::try_from(i).unwrap_or(u32::MAX);
+    v4(i.wrapping_mul(0x9E37_79B1) % POOL_V4_SIZE)
+}
+
+fn pool_line(out: &mut Vec<u8>, event: &str, name: &str, addresses: &[&str]) -> Result<()> {
+    let addresses = serde_json::to_string(addresses)?;
+    writeln!(
+        out,
+        r#"{{"type":"{event}","object":{{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{{"name":"{name}"}},"spec":{{"addresses":{addresses}}}}}}}"#
+    )?;
+    Ok(())
+}
+
+/// An ADDED Service `svc-{i}` of the restart shape: one port; `held`: the
+/// address already in its status, with the pool annotation.
+fn restart_service_line(out: &mut Vec<u8>, i: usize, held: Option<Ipv4Addr>) -> Result<()> {
+    let ns = i % NAMESPACES;
+    match held {
+        Some(ip) => writeln!(
+            out,
+            r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"svc-{i}","namespace":"ns-{ns}","annotations":{{"metallb.io/ip-allocated-from-pool":"main"}}}},"spec":{{"type":"LoadBalancer","ports":[{{"port":80,"protocol":"TCP"}}]}},"status":{{"loadBalancer":{{"ingress":[{{"ip":"{ip}"}}]}}}}}}}}"#
+        )?,
+        None => writeln!(
+            out,
+            r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"svc-{i}","namespace":"ns-{ns}"}},"spec":{{"type":"LoadBalancer","ports":[{{"port":80,"protocol":"TCP"}}]}}}}}}"#
+        )?,
+    }
+    Ok(())
+}
+
+/// The restart stream: the pool, N Services holding scattered addresses,
+/// SYNCED.
+fn restart_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 330 + 256);
+    pool_line(&mut out, "ADDED", "main", &[POOL_V4])?;
+    for i in 0..n {
+        restart_service_line(&mut out, i, Some(scattered(i)))?;
+    }
+    writeln!(out, r#"{{"type":"SYNCED"}}"#)?;
+    Ok(out)
+}
+
+/// A tiny deterministic generator (splitmix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % (n.max(1) as u64)).unwrap_or(0)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Shape {
+    Single,
+    Dual,
+    /// Group and member (the member picks a port no one else in the group has).
+    Shared(usize, usize),
+}
+
+#[derive(Clone, Copy)]
+struct Live {
+    id: usize,
+    shape: Shape,
+    port: i32,
+    revision: u64,
+}
+
+fn mixed_service_line(out: &mut Vec<u8>, event: &str, svc: &Live) -> Result<()> {
+    let Live {
+        id,
+        shape,
+        port,
+        revision,
+    } = *svc;
+    let ns = id % NAMESPACES;
+    let app = id % 100;
+    let mut annotations = Vec::new();
+    if revision > 0 {
+        // An edit starts from the current object: the pool annotation the
+        // controller wrote is in it.
+        annotations.push(r#""metallb.io/ip-allocated-from-pool":"main""#.to_owned());
+    }
+    if let Shape::Shared(group, _) = shape {
+        annotations.push(format!(r#""metallb.io/allow-shared-ip":"group-{group}""#));
+    }
+    let annotations = if annotations.is_empty() {
+        String::new()
+    } else {
+        format!(r#","annotations":{{{}}}"#, annotations.join(","))
+    };
+    let policy = match shape {
+        Shape::Dual => r#""ipFamilyPolicy":"RequireDualStack","#,
+        Shape::Single | Shape::Shared(..) => "",
+    };
+    writeln!(
+        out,
+        r#"{{"type":"{event}","object":{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"svc-{id}","namespace":"ns-{ns}","labels":{{"app":"app-{app}","revision":"{revision}"}}{annotations}}},"spec":{{"type":"LoadBalancer",{policy}"selector":{{"app":"app-{app}"}},"ports":[{{"name":"main","port":{port},"protocol":"TCP"}}]}}}}}}"#
+    )?;
+    Ok(())
+}
+
+/// The mixed stream: the pool (both families), SYNCED, then `n` events:
+/// about 55% creates (80% single-stack IPv4, 10% RequireDualStack, 10% in
+/// sharing groups of up to 10), 35% spec updates, 10% deletes, and 3 pool
+/// changes in all (at 1/4, 1/2 and 3/4): a second pool added, the main pool
+/// given one more range, the second pool deleted. Returns the bytes and the
+/// number of event lines.
+fn mixed_stream(n: usize, seed: u64) -> Result<(Vec<u8>, usize)> {
+    let mut rng = Rng(seed);
+    let mut out = Vec::with_capacity(n * 330 + 512);
+    pool_line(&mut out, "ADDED", "main", &[POOL_V4, POOL_V6])?;
+    writeln!(out, r#"{{"type":"SYNCED"}}"#)?;
+    let mut lines = 2;
+    let mut live: Vec<Live> = Vec::new();
+    let mut next_id = 0;
+    let (mut group, mut member) = (0, 0);
+    for event in 1..=n {
+        lines += 1;
+        if event == n / 4 {
+            pool_line(&mut out, "ADDED", "extra", &["192.168.0.0/16"])?;
+            continue;
+        }
+        if event == n / 2 {
+            pool_line(
+                &mut out,
+                "MODIFIED",
+                "main",
+                &[POOL_V4, POOL_V6, "10.200.0.0/16"],
+            )?;
+            continue;
+        }
+        if event == 3 * n / 4 {
+            writeln!(
+                out,
+                r#"{{"type":"DELETED","object":{{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{{"name":"extra"}}}}}}"#
+            )?;
+            continue;
+        }
+        let roll = rng.below(100);
+        if live.is_empty() || roll < 55 {
+            let shape = match rng.below(10) {
+                0 => Shape::Dual,
+                1 => {
+                    let shape = Shape::Shared(group, member);
+                    member += 1;
+                    if member == SHARING_GROUP {
+                        (group, member) = (group + 1, 0);
+                    }
+                    shape
+                }
+                _ => Shape::Single,
+            };
+            let port = match shape {
+                Shape::Shared(_, member) => 8000 + i32::try_from(member).unwrap_or(0),
+                Shape::Single | Shape::Dual => 80,
+            };
+            let svc = Live {
+                id: next_id,
+                shape,
+                port,
+                revision: 0,
+            };
+            next_id += 1;
+            mixed_service_line(&mut out, "ADDED", &svc)?;
+            live.push(svc);
+        } else if roll < 90 {
+            let at = rng.below(live.len());
+            let Some(svc) = live.get_mut(at) else {
+                continue;
+            };
+            svc.revision += 1;
+            if matches!(svc.shape, Shape::Single) && rng.below(5) == 0 {
+                svc.port = if svc.port == 80 { 443 } else { 80 };
+            }
+            let svc = *svc;
+            mixed_service_line(&mut out, "MODIFIED", &svc)?;
+        } else {
+            let at = rng.below(live.len());
+            let svc = live.swap_remove(at);
+            writeln!(
+                out,
+                r#"{{"type":"DELETED","object":{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"svc-{}","namespace":"ns-{}"}}}}}}"#,
+                svc.id,
+                svc.id % NAMESPACES
+            )?;
+        }
+    }
+    Ok((out, lines))
+}
+
+// ----- restart -----
+
+/// Runs `restart` for every size in a child process (for its peak RSS).
+fn restart_scenario(report: &mut Report, sizes: &[usize]) -> Result<()> {
+    let exe = std::env::current_exe()?;
+    for &n in sizes {
+        let stream = restart_stream(n)?;
+        let mut file = tempfile::NamedTempFile::new()?;
+        file.write_all(&stream)?;
+        file.flush()?;
+        let bytes = stream.len();
+        drop(stream);
+        let output = Command::new(&exe)
+            .arg("--child-restart")
+            .arg(n.to_string())
+            .arg(file.path())
+            .output()?;
+        if !output.status.success() {
+            return Err(format!(
+                "the restart child for {n} failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )
+            .into());
+        }
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let fields: BTreeMap<&str, &str> = stdout
+            .split_whitespace()
+            .filter_map(|field| field.split_once('='))
+            .collect();
+        let field = |name: &str| -> Result<f64> {
+            fields
+                .get(name)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("the restart child printed no {name}: {stdout}").into())
+        };
+        let seconds = field("secs")?;
+        let changed = field("changed")? as u64;
+        let services = field("services")? as u64;
+        let hwm_mb = field("hwm_kb")? / 1024.0;
+        let start_mb = field("start_hwm_kb")? / 1024.0;
+        let size = size_name(n);
+        report.number(&format!("restart_s_{size}"), seconds);
+        report.integer(&format!("restart_changed_{size}"), changed);
+        report.number(&format!("peak_rss_mb_{size}"), hwm_mb);
+        if changed != 0 || services != n as u64 {
+            report.failures.push(format!(
+                "restart {size}: {changed} of {n} services changed addresses ({services} in the result)"
+            ));
+        }
+        let last = Some(&n) == sizes.last();
+        let big = n >= 100_000;
+        let changed_met = changed == 0;
+        report.rows.push(Row {
+            name: "restart".to_owned(),
+            n: size.clone(),
+            total: human(seconds),
+            rate: format!("{} services/s, {changed} changed", rate(n as f64 / seconds)),
+            target: "changed = 0".to_owned(),
+            met: Some(changed_met),
+        });
+        report.rows.push(Row {
+            name: "restart peak RSS".to_owned(),
+            n: size.clone(),
+            total: format!("{hwm_mb:.1} MB"),
+            rate: format!(
+                "{:.0} bytes/service (stream {:.1} MB, start {start_mb:.1} MB)",
+                (hwm_mb - start_mb) * 1024.0 * 1024.0 / n as f64,
+                bytes as f64 / 1_048_576.0
+            ),
+            target: if big {
+                "< 512 MB".to_owned()
+            } else {
+                String::new()
+            },
+            met: big.then_some(hwm_mb < 512.0),
+        });
+        if last {
+            report.target(
+                &format!("restart_changed_{size} = 0"),
+                changed_met,
+                format!("{changed} changed"),
+            );
+            if big {
+                report.target(
+                    &format!("peak_rss_mb_{size} < 512"),
+                    hwm_mb < 512.0,
+                    format!("{hwm_mb:.1} MB"),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `VmHWM` (peak resident set) of this process, in kB.
+fn peak_rss_kb() -> Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| "no VmHWM in /proc/self/status".into())
+}
+
+/// The child of `restart`: replays the stream at PATH (N Services) and
+/// prints `key=value` fields.
+fn child_restart(args: &[String]) -> Result<()> {
+    let [n, path] = args else {
+        return Err("usage: --child-restart N PATH".into());
+    };
+    let n: usize = n.parse()?;
+    let start_hwm = peak_rss_kb()?;
+    let start = Instant::now();
+    let file = std::fs::File::open(path)?;
+    let output = replay_blocking(
+        "restart",
+        BufReader::new(file),
+        &ReplayOptions::default(),
+        &mut (),
+    )?;
+    let seconds = start.elapsed().as_secs_f64();
+    let services = &output.result.services;
+    let mut changed = n.saturating_sub(services.len());
+    for service in services {
+        let index = service
+            .key
+            .rsplit_once("/svc-")
+            .and_then(|(_, i)| i.parse::<usize>().ok());
+        let expected = index.map(|i| scattered(i).to_string());
+        if index.is_none_or(|i| i >= n) || service.ips.as_slice() != expected.as_slice() {
+            changed += 1;
+        }
+    }
+    let hwm = peak_rss_kb()?;
+    println!(
+        "restart n={n} secs={seconds:.6} changed={changed} services={} events={} hwm_kb={hwm} start_hwm_kb={start_hwm}",
+        services.len(),
+        output.result.events.len()
+    );
+    Ok(())
+}
+
+// ----- replay and decode_only -----
+
+fn replay_scenario(report: &mut Report, n: usize, replay: bool, decode: bool) -> Result<()> {
+    let (stream, lines) = mixed_stream(n, REPLAY_SEED)?;
+    let size = size_name(n);
+    let mut decode_rate = None;
+    if decode {
+        let mut best = Duration::MAX;
+        for _ in 0..3 {
+            let start = Instant::now();
+            let mut decoded = 0;
+            for record in StreamReader::new("replay", &stream[..]) {
+                std::hint::black_box(record?);
+                decoded += 1;
+            }
+            best = best.min(start.elapsed());
+            if decoded != lines {
+                return Err(format!("decoded {decoded} lines of {lines}").into());
+            }
+        }
+        let per_second = lines as f64 / best.as_secs_f64();
+        decode_rate = Some(per_second);
+        report.number("decode_only_events_per_s", per_second);
+        report.rows.push(Row {
+            name: "decode_only".to_owned(),
+            n: format!("{size} events"),
+            total: human(best.as_secs_f64()),
+            rate: format!(
+                "{} events ({:.2} us/event)",
+                rate(per_second),
+                1e6 / per_second
+            ),
+            target: "(the floor)".to_owned(),
+            met: None,
+        });
+    }
+    if replay {
+        let start = Instant::now();
+        let output = replay_blocking("replay", &stream[..], &ReplayOptions::default(), &mut ())?;
+        let elapsed = start.elapsed();
+        let pending = output
+            .result
+            .services
+            .iter()
+            .filter(|service| service.ips.is_empty())
+            .count();
+        if pending != 0 {
+            report.notes.push(format!(
+                "replay: {pending} services left without an address"
+            ));
+        }
+        let per_second = lines as f64 / elapsed.as_secs_f64();
+        report.number("replay_events_per_s", per_second);
+        report.integer("replay_events", lines as u64);
+        let (target, met) = match decode_rate {
+            Some(decode) => {
+                let ratio = per_second / decode;
+                report.number("replay_to_decode_ratio", ratio);
+                let met = ratio >= 1.0 / 3.0;
+                report.target(
+                    "replay_events_per_s >= decode_only_events_per_s / 3",
+                    met,
+                    format!(
+                        "{} vs {} / 3 = {}: ratio {ratio:.3} (need >= 0.333)",
+                        rate(per_second),
+                        rate(decode),
+                        rate(decode / 3.0)
+                    ),
+                );
+                (format!(">= decode/3 (ratio {ratio:.3})"), Some(met))
+            }
+            None => (String::new(), None),
+        };
+        report.rows.push(Row {
+            name: "replay".to_owned(),
+            n: format!("{size} events"),
+            total: human(elapsed.as_secs_f64()),
+            rate: format!(
+                "{} events ({:.2} us/event), {} services at end",
+                rate(per_second),
+                1e6 / per_second,
+                output.result.services.len()
+            ),
+            target,
+            met,
+        });
+    }
+    Ok(())
+}
+
+// ----- mass_delete -----
+
+struct MassDelete {
+    held: usize,
+    waiting: usize,
+    deleted: usize,
+    /// Deletes made one at a time, each waited for (a sample).
+    serial: usize,
+    /// The longest the burst may run; past it, the time is extrapolated.
+    budget: Duration,
+}
+
+/// The plugin wired as the replay wires it, driven directly.
+struct Rig {
+    store: Arc<ReplayStore>,
+    controller: Arc<AllocatingController>,
+    manager: Manager<AllocatingController>,
+    services: Arc<ServiceChain>,
+    pools: PoolChain,
+    cancel: CancellationToken,
+    /// `None` once joined.
+    worker: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Rig {
+    /// Must be called inside a tokio runtime (it starts the worker).
+    fn start() -> Self {
+        let store = Arc::new(ReplayStore::new());
+        let cache = store.cache();
+        let client = Arc::new(MemoryClient::new(Arc::clone(&store), None));
+        let controller = Arc::new(AllocatingController::new(
+            Arc::clone(&cache) as Arc<dyn manager::Store>,
+            Arc::clone(&client) as Arc<dyn Client>,
+            ControllerConfig::default(),
+        ));
+        let manager = Manager::new(
+            cache as Arc<dyn manager::Store>,
+            Arc::clone(&controller),
+            ManagerConfig::default(),
+        );
+        let handler = Arc::new(manager.clone());
+        let mut services = ServiceChain::new();
+        services.register("manager", Arc::clone(&handler) as Arc<dyn ServiceHandler>);
+        let mut pools = PoolChain::new();
+        pools.register("manager", handler as Arc<dyn PoolHandler>);
+        let services = Arc::new(services);
+        client.deliver_to(&services);
+        let cancel = CancellationToken::new();
+        let worker = manager.start(cancel.clone());
+        Self {
+            store,
+            controller,
+            manager,
+            services,
+            pools,
+            cancel,
+            worker: Some(worker),
+        }
+    }
+
+    async fn apply(&self, event: WatchEvent) -> Result<()> {
+        match self.store.apply(event)? {
+            Change::Service(Delta::Added(new)) => self.services.on_add_service(&new).await?,
+            Change::Service(Delta::Updated { old, new }) => {
+                self.services.on_update_service(&old, &new).await?;
+            }
+            Change::Service(Delta::Deleted(old)) => self.services.on_delete_service(&old).await?,
+            Change::Pool(Delta::Added(new)) => self.pools.on_add_pool(&new).await?,
+            Change::Pool(Delta::Updated { old, new }) => {
+                self.pools.on_update_pool(&old, &new).await?;
+            }
+            Change::Pool(Delta::Deleted(old)) => self.pools.on_delete_pool(&old).await?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Waits until the manager is idle: true, or its worker stopped (it was
+    /// cancelled): false.
+    async fn wait(&mut self) -> bool {
+        let Some(worker) = self.worker.as_mut() else {
+            return false;
+        };
+        tokio::select! {
+            () = self.manager.idle() => true,
+            _ = worker => {
+                self.worker = None;
+                false
+            }
+        }
+    }
+
+    async fn idle(&mut self) -> Result<()> {
+        if self.wait().await {
+            Ok(())
+        } else {
+            Err("the manager's worker stopped".into())
+        }
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        if let Some(worker) = self.worker {
+            let _ = worker.await;
+        }
+    }
+}
+
+/// The pool of exactly `held` addresses and `held + waiting` Services, the
+/// first `held` holding one address each in their status; synced and idle.
+async fn mass_delete_setup(scale: &MassDelete) -> Result<Rig> {
+    let mut rig = Rig::start();
+    let held = u32::try_from(scale.held)?;
+    let last = v4(held.saturating_sub(1));
+    let mut lines = Vec::new();
+    pool_line(&mut lines, "ADDED", "main", &[&format!("{}-{last}", v4(0))])?;
+    for i in 0..scale.held + scale.waiting {
+        let ip = (i < scale.held).then(|| v4(u32::try_from(i).unwrap_or(u32::MAX)));
+        restart_service_line(&mut lines, i, ip)?;
+    }
+    for line in lines.split(|&b| b == b'\n').filter(|line| !line.is_empty()) {
+        rig.apply(decode_event(std::str::from_utf8(line)?)?).await?;
+    }
+    rig.manager.mark_synced();
+    rig.idle().await?;
+    let holding = rig.controller.holdings().len();
+    let waiting = rig.manager.waiting_keys().len();
+    if holding != scale.held || waiting != scale.waiting {
+        return Err(format!(
+            "setup: {holding} holding and {waiting} waiting, expected {} and {}",
+            scale.held, scale.waiting
+        )
+        .into());
+    }
+    Ok(rig)
+}
+
+/// The held Service deleted `k`th: every other one, so freed addresses are
+/// scattered.
+fn deleted_ref(k: usize) -> ObjectRef {
+    let i = 2 * k;
+    ObjectRef {
+        kind: Kind::Service,
+        name: format!("svc-{i}"),
+        namespace: Some(format!("ns-{}", i % NAMESPACES)),
+    }
+}
+
+/// How a burst of deletes ended.
+struct Burst {
+    elapsed: Duration,
+    /// Reconciliations from the first delete on.
+    reconciles: u64,
+    /// False: stopped at the time budget before the manager was idle.
+    finished: bool,
+}
+
+/// Delivers every delete, then waits until idle, or until `budget` has
+/// passed (a watchdog thread then cancels the worker, which stops after
+/// the key in flight).
+async fn delete_burst(rig: &mut Rig, scale: &MassDelete, budget: Duration) -> Result<Burst> {
+    let before = rig.controller.stats().reconciliations;
+    let (done, watch) = std::sync::mpsc::channel::<()>();
+    let cancel = rig.cancel.clone();
+    let watchdog = std::thread::spawn(move || {
+        if watch.recv_timeout(budget) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            cancel.cancel();
+        }
+    });
+    let start = Instant::now();
+    for k in 0..scale.deleted {
+        rig.apply(WatchEvent::Deleted(deleted_ref(k))).await?;
+    }
+    let finished = rig.wait().await;
+    let elapsed = start.elapsed();
+    let _ = done.send(());
+    let _ = watchdog.join();
+    if !finished && !rig.cancel.is_cancelled() {
+        return Err("the manager's worker stopped".into());
+    }
+    Ok(Burst {
+        elapsed,
+        reconciles: rig.controller.stats().reconciliations - before,
+        finished,
+    })
+}
+
+fn mass_delete_scenario(report: &mut Report, scale: &MassDelete) -> Result<()> {
+    if scale.deleted * 2 > scale.held
+        || scale.deleted < scale.waiting
+        || (SERIAL_WARMUP + scale.serial) * 2 > scale.held
+    {
+        return Err("mass_delete: the scale does not fit its shape".into());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    let scale_text = format!(
+        "{} held + {} waiting, delete {}",
+        size_name(scale.held),
+        size_name(scale.waiting),
+        size_name(scale.deleted)
+    );
+    println!("mass_delete scale: {scale_text}");
+    // The burst: every delete delivered at once (as a namespace deletion
+    // arrives), then wait until idle.
+    let (burst, setup) = runtime.block_on(async {
+        let start = Instant::now();
+        let mut rig = mass_delete_setup(scale).await?;
+        let setup = start.elapsed();
+        let burst = delete_burst(&mut rig, scale, scale.budget).await?;
+        if burst.finished {
+            let holding = rig.controller.holdings().len();
+            let waiting = rig.manager.waiting_keys().len();
+            let expected = scale.held - scale.deleted + scale.waiting;
+            if holding != expected || waiting != 0 {
+                return Err::<_, Error>(
+                    format!(
+                        "after the deletes: {holding} holding and {waiting} waiting, expected {expected} and 0"
+                    )
+                    .into(),
+                );
+            }
+        }
+        rig.stop().await;
+        Ok((burst, setup))
+    })?;
+    // The serial sample: one delete at a time, idle after each (what a
+    // replay of the deletes line by line does).
+    // A few untimed deletes first: the first allocations after the setup's
+    // frees pay for the C allocator's bin sorting.
+    let serial = runtime.block_on(async {
+        let mut rig = mass_delete_setup(scale).await?;
+        for k in 0..SERIAL_WARMUP {
+            rig.apply(WatchEvent::Deleted(deleted_ref(k))).await?;
+            rig.idle().await?;
+        }
+        let before = rig.controller.stats().reconciliations;
+        let start = Instant::now();
+        let mut made = 0;
+        for k in SERIAL_WARMUP..SERIAL_WARMUP + scale.serial {
+            rig.apply(WatchEvent::Deleted(deleted_ref(k))).await?;
+            rig.idle().await?;
+            made += 1;
+            if start.elapsed() > SERIAL_BUDGET {
+                break;
+            }
+        }
+        let elapsed = start.elapsed();
+        let reconciles = rig.controller.stats().reconciliations - before;
+        rig.stop().await;
+        Ok::<_, Error>((elapsed, reconciles, made))
+    })?;
+    // Deletes come first in the queue (the woken Services queue behind
+    // them), so a stopped burst had processed `reconciles` deletes.
+    let processed = if burst.finished {
+        scale.deleted as u64
+    } else {
+        burst.reconciles.clamp(1, scale.deleted as u64)
+    };
+    let measured = burst.elapsed.as_secs_f64();
+    let seconds = measured * scale.deleted as f64 / processed as f64;
+    report.number("mass_delete_s", seconds);
+    report.integer("mass_delete_finished", u64::from(burst.finished));
+    report.integer("mass_delete_held", scale.held as u64);
+    report.integer("mass_delete_waiting", scale.waiting as u64);
+    report.integer("mass_delete_deleted", scale.deleted as u64);
+    report.integer("mass_delete_reconciles", burst.reconciles);
+    report.number("mass_delete_setup_s", setup.as_secs_f64());
+    let serial_per_delete = serial.0.as_secs_f64() / serial.2.max(1) as f64;
+    report.number("mass_delete_serial_s_per_delete", serial_per_delete);
+    let met = burst.finished && seconds < 1.0;
+    let full = scale.held >= 100_000;
+    let total = if burst.finished {
+        human(seconds)
+    } else {
+        format!("~{} (extrapolated)", human(seconds))
+    };
+    let how = if burst.finished {
+        format!("{} reconciles", burst.reconciles)
+    } else {
+        format!(
+            "stopped at the {} budget after {processed} of {} deletes",
+            human(scale.budget.as_secs_f64()),
+            scale.deleted
+        )
+    };
+    if full {
+        report.target(
+            "mass_delete_s < 1 s",
+            met,
+            format!("{total} ({scale_text}; {how})"),
+        );
+    }
+    report.rows.push(Row {
+        name: "mass_delete (burst)".to_owned(),
+        n: scale_text.clone(),
+        total,
+        rate: format!(
+            "{:.2} us/delete, {how} (setup {})",
+            measured * 1e6 / processed as f64,
+            human(setup.as_secs_f64())
+        ),
+        target: "< 1 s".to_owned(),
+        met: full.then_some(met),
+    });
+    report.rows.push(Row {
+        name: "mass_delete (serial)".to_owned(),
+        n: format!("{} deletes of {scale_text}", serial.2),
+        total: human(serial.0.as_secs_f64()),
+        rate: format!(
+            "{}/delete, {} reconciles/delete; x{} = {}",
+            human(serial_per_delete),
+            serial.1 / serial.2.max(1) as u64,
+            size_name(scale.deleted),
+            human(serial_per_delete * scale.deleted as f64)
+        ),
+        target: "(extrapolated)".to_owned(),
+        met: None,
+    });
+    Ok(())
+}
+
+// ----- memory -----
+
+/// Live heap bytes the allocator gains per held address: N allocations
+/// (addresses in a row) and N restores of scattered addresses.
+fn memory_scenario(report: &mut Report, n: usize) -> Result<()> {
+    let requests = Requests::new(AllocKind::V4, n);
+    let built = requests.build();
+    let mut allocator = allocator_for(AllocKind::V4)?;
+    let before = ALLOCATOR.allocated();
+    allocate_all(&mut allocator, &built, AllocKind::V4)?;
+    let sequential = ALLOCATOR.allocated().saturating_sub(before) as f64 / n as f64;
+    drop(allocator);
+
+    let addresses: Vec<[IpAddr; 1]> = (0..n).map(|i| [IpAddr::V4(scattered(i))]).collect();
+    let mut allocator = allocator_for(AllocKind::V4)?;
+    let before = ALLOCATOR.allocated();
+    for (request, ips) in built.iter().zip(&addresses) {
+        allocator
+            .keep(request, ips)
+            .map_err(|error| format!("{}: {error}", request.key))?;
+    }
+    let scattered_bytes = ALLOCATOR.allocated().saturating_sub(before) as f64 / n as f64;
+    drop(allocator);
+
+    // An IPv6 /64 costs what an IPv4 pool does: check with addresses in a row.
+    let v6_requests = Requests::new(AllocKind::V6, n);
+    let v6_built = v6_requests.build();
+    let mut allocator = allocator_for(AllocKind::V6)?;
+    let before = ALLOCATOR.allocated();
+    allocate_all(&mut allocator, &v6_built, AllocKind::V6)?;
+    let v6 = ALLOCATOR.allocated().saturating_sub(before) as f64 / n as f64;
+    drop(allocator);
+
+    let worst = sequential.max(scattered_bytes);
+    report.number("allocator_bytes_per_address", sequential);
+    report.number("allocator_bytes_per_address_scattered", scattered_bytes);
+    report.number("allocator_bytes_per_address_v6", v6);
+    let met = worst < 256.0;
+    report.target(
+        "allocator_bytes_per_address < 256",
+        met,
+        format!(
+            "{sequential:.0} B allocated in a row, {scattered_bytes:.0} B scattered (restored), {v6:.0} B IPv6"
+        ),
+    );
+    report.rows.push(Row {
+        name: "allocator bytes/address".to_owned(),
+        n: size_name(n),
+        total: format!("{:.1} MB", sequential * n as f64 / 1_048_576.0),
+        rate: format!(
+            "{sequential:.0} B/address in a row, {scattered_bytes:.0} scattered, {v6:.0} IPv6"
+        ),
+        target: "< 256 B".to_owned(),
+        met: Some(met),
+    });
+    Ok(())
+}
