@@ -72,8 +72,74 @@ struct PoolObject {
     seq: u64,
 }
 
-/// Sharing key and backend key: the services one address may stack.
-type Group = (Arc<str>, Arc<str>);
+/// The sharing key and backend key of a Service that has a sharing key, in
+/// one unambiguous string: the Services one address may stack.
+type Group = Arc<str>;
+
+/// The group of a Service with sharing key `sharing` (empty: none).
+fn group_of(sharing: &str, backend: &str) -> Option<String> {
+    (!sharing.is_empty()).then(|| format!("{}:{sharing}{backend}", sharing.len()))
+}
+
+/// The sharing key part of a group.
+fn sharing_part(group: &str) -> &str {
+    group
+        .split_once(':')
+        .and_then(|(len, rest)| rest.get(..len.parse::<usize>().ok()?))
+        .unwrap_or_default()
+}
+
+/// Who holds one address: almost always one Service, so that one is kept
+/// inline.
+#[derive(Debug)]
+enum Holders {
+    One(Arc<str>),
+    Many(Vec<Arc<str>>),
+}
+
+impl Holders {
+    fn iter(&self) -> std::slice::Iter<'_, Arc<str>> {
+        match self {
+            Holders::One(holder) => std::slice::from_ref(holder).iter(),
+            Holders::Many(holders) => holders.iter(),
+        }
+    }
+
+    fn contains(&self, key: &str) -> bool {
+        self.iter().any(|holder| &**holder == key)
+    }
+
+    fn add(&mut self, key: Arc<str>) {
+        if self.contains(&key) {
+            return;
+        }
+        match self {
+            Holders::One(first) => *self = Holders::Many(vec![Arc::clone(first), key]),
+            Holders::Many(holders) => holders.push(key),
+        }
+    }
+
+    /// Removes `key`; false when nobody is left.
+    fn remove(&mut self, key: &str) -> bool {
+        match self {
+            Holders::One(holder) => &**holder != key,
+            Holders::Many(holders) => {
+                holders.retain(|holder| &**holder != key);
+                if let [only] = holders.as_slice() {
+                    *self = Holders::One(Arc::clone(only));
+                }
+                !matches!(self, Holders::Many(h) if h.is_empty())
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Holders::One(_) => 1,
+            Holders::Many(holders) => holders.len(),
+        }
+    }
+}
 
 /// An accepted pool and the addresses in use in it.
 #[derive(Debug)]
@@ -137,22 +203,16 @@ impl PoolState {
     }
 }
 
-/// Who holds one address.
-#[derive(Debug)]
-struct AddrUse {
-    pool: Arc<str>,
-    sharing: Arc<str>,
-    backend: Arc<str>,
-    holders: Vec<Arc<str>>,
-}
-
-/// What one Service holds.
+/// What one Service holds. Kept small: this and its entry in
+/// `Allocator::addresses` are the allocator's memory per address.
 #[derive(Debug)]
 struct Held {
     pool: Arc<str>,
-    ips: Vec<IpAddr>,
-    sharing: Arc<str>,
-    backend: Arc<str>,
+    /// IPv4 first.
+    ips: Box<[IpAddr]>,
+    /// `None` without a sharing key.
+    group: Option<Group>,
+    /// Only with a group: ports matter only to Services on one address.
     ports: Box<[Port]>,
 }
 
@@ -174,7 +234,7 @@ pub struct Allocator {
     /// priority then name, then the others by name); autoAssign only.
     auto_order: Vec<Arc<str>>,
     services: HashMap<Arc<str>, Held>,
-    addresses: HashMap<IpAddr, AddrUse>,
+    addresses: HashMap<IpAddr, Holders>,
 }
 
 impl Allocator {
@@ -318,7 +378,7 @@ impl Allocator {
                 }
                 Err(error) => released.push(Released {
                     key: key.to_string(),
-                    ips: held.ips,
+                    ips: held.ips.into_vec(),
                     reason: error.to_string(),
                 }),
             }
@@ -381,7 +441,7 @@ impl Allocator {
     pub fn holding(&self, key: &str) -> Option<Holding> {
         self.services.get(key).map(|held| Holding {
             pool: held.pool.to_string(),
-            ips: held.ips.clone(),
+            ips: held.ips.to_vec(),
         })
     }
 
@@ -395,7 +455,7 @@ impl Allocator {
                     key.to_string(),
                     Holding {
                         pool: held.pool.to_string(),
-                        ips: held.ips.clone(),
+                        ips: held.ips.to_vec(),
                     },
                 )
             })
@@ -409,7 +469,7 @@ impl Allocator {
         let mut holders: Vec<String> = self
             .addresses
             .get(&ip)
-            .map(|used| used.holders.iter().map(|h| h.to_string()).collect())
+            .map(|holders| holders.iter().map(|h| h.to_string()).collect())
             .unwrap_or_default();
         holders.sort();
         holders
@@ -420,7 +480,7 @@ impl Allocator {
     pub fn sharing_of(&self, key: &str) -> Option<(&str, &[Port])> {
         self.services
             .get(key)
-            .map(|held| (&*held.sharing, &*held.ports))
+            .map(|held| (held.group.as_deref().unwrap_or_default(), &*held.ports))
     }
 
     /// Number of Services holding addresses.
@@ -436,70 +496,76 @@ impl Allocator {
     /// Releases whatever `key` holds; returns what it held.
     pub fn release(&mut self, key: &str) -> Option<Holding> {
         let (key, held) = self.services.remove_entry(key)?;
-        for &ip in &held.ips {
-            let Some(used) = self.addresses.get_mut(&ip) else {
+        for &ip in held.ips.iter() {
+            let Some(holders) = self.addresses.get_mut(&ip) else {
                 continue;
             };
-            used.holders.retain(|holder| *holder != key);
-            if !used.holders.is_empty() {
+            if holders.remove(&key) {
                 continue;
             }
-            let group = (Arc::clone(&used.sharing), Arc::clone(&used.backend));
             self.addresses.remove(&ip);
             let (family, value) = to_int(ip);
             if let Some(state) = self.pools.get_mut(&held.pool) {
                 state.used_mut(family).remove(value);
-                remove_shared(state, family, &group, value);
+                if let Some(group) = &held.group {
+                    remove_shared(state, family, group, value);
+                }
             }
         }
         Some(Holding {
             pool: held.pool.to_string(),
-            ips: held.ips,
+            ips: held.ips.into_vec(),
         })
     }
 
     fn insert_held(&mut self, key: Arc<str>, held: Held) {
-        for &ip in &held.ips {
-            let (family, value) = to_int(ip);
-            let used = self.addresses.entry(ip).or_insert_with(|| AddrUse {
-                pool: Arc::clone(&held.pool),
-                sharing: Arc::clone(&held.sharing),
-                backend: Arc::clone(&held.backend),
-                holders: Vec::new(),
-            });
-            if used.holders.is_empty() {
-                if let Some(state) = self.pools.get_mut(&held.pool) {
-                    state.used_mut(family).insert(value);
-                    if !held.sharing.is_empty() {
-                        let group = (Arc::clone(&held.sharing), Arc::clone(&held.backend));
-                        state
-                            .shared_mut(family)
-                            .entry(group)
-                            .or_default()
-                            .insert(value);
+        for &ip in held.ips.iter() {
+            match self.addresses.get_mut(&ip) {
+                Some(holders) => holders.add(Arc::clone(&key)),
+                None => {
+                    self.addresses.insert(ip, Holders::One(Arc::clone(&key)));
+                    let (family, value) = to_int(ip);
+                    if let Some(state) = self.pools.get_mut(&held.pool) {
+                        state.used_mut(family).insert(value);
+                        if let Some(group) = &held.group {
+                            state
+                                .shared_mut(family)
+                                .entry(Arc::clone(group))
+                                .or_default()
+                                .insert(value);
+                        }
                     }
                 }
-            }
-            if !used.holders.contains(&key) {
-                used.holders.push(Arc::clone(&key));
             }
         }
         self.services.insert(key, held);
     }
 
     fn hold(&mut self, request: &Request<'_>, pool: Arc<str>, mut ips: Vec<IpAddr>) -> Holding {
-        self.release(request.key);
         ips.sort_by_key(|ip| ip.is_ipv6());
+        let group = group_of(request.sharing_key, request.backend_key);
+        let ports: &[Port] = if group.is_some() { request.ports } else { &[] };
+        let holding = Holding {
+            pool: pool.to_string(),
+            ips: ips.clone(),
+        };
+        // Keeping what is held already (every reconciliation of a settled
+        // Service) changes nothing.
+        if let Some(held) = self.services.get(request.key) {
+            if held.pool == pool
+                && *held.ips == *ips
+                && held.group.as_deref() == group.as_deref()
+                && *held.ports == *ports
+            {
+                return holding;
+            }
+        }
+        self.release(request.key);
         let held = Held {
             pool,
-            ips,
-            sharing: Arc::from(request.sharing_key),
-            backend: Arc::from(request.backend_key),
-            ports: request.ports.into(),
-        };
-        let holding = Holding {
-            pool: held.pool.to_string(),
-            ips: held.ips.clone(),
+            ips: ips.into_boxed_slice(),
+            group: group.map(Arc::from),
+            ports: ports.into(),
         };
         self.insert_held(Arc::from(request.key), held);
         holding
@@ -507,36 +573,38 @@ impl Allocator {
 
     // ----- the rules -----
 
-    /// Whether `ip` may be given to `request`, the Service's own holding
-    /// aside: free, or every other holder shares it under §4.4.
-    fn fits(&self, ip: IpAddr, request: &Request<'_>) -> Result<(), ShareConflict> {
-        let Some(used) = self.addresses.get(&ip) else {
+    /// Whether `ip` may be given to `request` (whose group is `group`), the
+    /// Service's own holding aside: free, or every other holder shares it
+    /// under §4.4.
+    fn fits(
+        &self,
+        ip: IpAddr,
+        request: &Request<'_>,
+        group: Option<&str>,
+    ) -> Result<(), ShareConflict> {
+        let Some(holders) = self.addresses.get(&ip) else {
             return Ok(());
         };
-        for holder in used.holders.iter().filter(|h| ***h != *request.key) {
-            let holder_name = holder.to_string();
-            if request.sharing_key.is_empty() || used.sharing.is_empty() {
-                return Err(ShareConflict::InUse {
-                    holder: holder_name,
+        for holder in holders.iter().filter(|h| ***h != *request.key) {
+            let Some(held) = self.services.get(holder) else {
+                continue;
+            };
+            let holder = holder.to_string();
+            let (Some(theirs), Some(ours)) = (held.group.as_deref(), group) else {
+                return Err(ShareConflict::InUse { holder });
+            };
+            if theirs != ours {
+                return Err(if sharing_part(theirs) != request.sharing_key {
+                    ShareConflict::OtherKey { holder }
+                } else {
+                    ShareConflict::OtherBackend { holder }
                 });
             }
-            if *used.sharing != *request.sharing_key {
-                return Err(ShareConflict::OtherKey {
-                    holder: holder_name,
+            if let Some(port) = held.ports.iter().find(|p| request.ports.contains(p)) {
+                return Err(ShareConflict::Port {
+                    holder,
+                    port: port.clone(),
                 });
-            }
-            if *used.backend != *request.backend_key {
-                return Err(ShareConflict::OtherBackend {
-                    holder: holder_name,
-                });
-            }
-            if let Some(held) = self.services.get(holder) {
-                if let Some(port) = held.ports.iter().find(|p| request.ports.contains(p)) {
-                    return Err(ShareConflict::Port {
-                        holder: holder_name,
-                        port: port.clone(),
-                    });
-                }
             }
         }
         Ok(())
@@ -588,8 +656,9 @@ impl Allocator {
                 pool: pool.to_string(),
             });
         }
+        let group = group_of(request.sharing_key, request.backend_key);
         for &ip in ips {
-            self.fits(ip, request)
+            self.fits(ip, request, group.as_deref())
                 .map_err(|conflict| AllocError::Taken { ip, conflict })?;
         }
         Ok(pool)
@@ -660,7 +729,7 @@ impl Allocator {
             return None;
         }
         let held = self.services.get(request.key)?;
-        let [ip] = held.ips.as_slice() else {
+        let [ip] = &*held.ips else {
             return None;
         };
         let missing = Family::of(*ip).other();
@@ -738,19 +807,18 @@ impl Allocator {
     /// O(log n) for a free address; a sharing Service also looks at the
     /// addresses of its own group.
     fn lowest_fit(&self, state: &PoolState, family: Family, request: &Request<'_>) -> Option<u128> {
-        let group = (!request.sharing_key.is_empty()).then(|| {
-            state.shared(family).get(&(
-                Arc::from(request.sharing_key),
-                Arc::from(request.backend_key),
-            ))
-        });
+        let group = group_of(request.sharing_key, request.backend_key);
+        let group_addresses = group.as_deref().and_then(|g| state.shared(family).get(g));
         for range in state.pool.ranges.iter().filter(|r| r.family == family) {
             let free = state.used(family).lowest_free(range.first, range.last);
-            let shared = group.flatten().and_then(|addresses| {
+            let shared = group_addresses.and_then(|addresses| {
                 addresses
                     .range(range.first..=free.unwrap_or(range.last))
                     .copied()
-                    .find(|&value| self.fits(from_int(family, value), request).is_ok())
+                    .find(|&value| {
+                        self.fits(from_int(family, value), request, group.as_deref())
+                            .is_ok()
+                    })
             });
             let best = match (free, shared) {
                 (Some(free), Some(shared)) => Some(free.min(shared)),
@@ -772,40 +840,40 @@ impl Allocator {
     pub fn check_invariants(&self) -> Result<(), Vec<String>> {
         let mut problems = Vec::new();
         let mut recount: BTreeMap<(&str, Family), u128> = BTreeMap::new();
-        for (ip, used) in &self.addresses {
+        for (ip, holders) in &self.addresses {
+            let helds: Vec<(&Arc<str>, Option<&Held>)> =
+                holders.iter().map(|h| (h, self.services.get(h))).collect();
+            let Some((_, Some(first))) = helds.first() else {
+                problems.push(format!("{ip} is recorded with no holder that exists"));
+                continue;
+            };
             match self.locate(*ip) {
-                Ok(state) if state.name == used.pool => {}
+                Ok(state) if state.name == first.pool => {}
                 Ok(state) => problems.push(format!(
-                    "{ip} is recorded in pool {} but lies in {}",
-                    used.pool, state.name
+                    "{ip} is held from pool {} but lies in {}",
+                    first.pool, state.name
                 )),
                 Err(error) => problems.push(format!("{ip} is held but {error}")),
             }
-            *recount.entry((&*used.pool, Family::of(*ip))).or_default() += 1;
-            if used.holders.is_empty() {
-                problems.push(format!("{ip} is recorded with no holder"));
-            }
-            for holder in &used.holders {
-                match self.services.get(holder) {
-                    Some(held) if held.ips.contains(ip) && held.pool == used.pool => {}
-                    _ => problems.push(format!(
-                        "{ip} lists {holder} as holder but {holder} does not hold it"
-                    )),
-                }
-            }
-            if used.holders.len() > 1 {
-                if used.sharing.is_empty() {
+            *recount.entry((&*first.pool, Family::of(*ip))).or_default() += 1;
+            let mut seen: BTreeSet<&Port> = BTreeSet::new();
+            for (holder, held) in &helds {
+                let Some(held) = held else {
                     problems.push(format!(
-                        "{ip} is held by several services without a sharing key"
+                        "{ip} lists {holder} as holder but {holder} holds nothing"
+                    ));
+                    continue;
+                };
+                if !held.ips.contains(ip) || held.pool != first.pool {
+                    problems.push(format!(
+                        "{ip} lists {holder} as holder but {holder} does not hold it"
                     ));
                 }
-                let mut seen: BTreeSet<&Port> = BTreeSet::new();
-                for holder in &used.holders {
-                    let Some(held) = self.services.get(holder) else {
-                        continue;
-                    };
-                    if held.sharing != used.sharing || held.backend != used.backend {
-                        problems.push(format!("{ip}: {holder} has another sharing or backend key"));
+                if holders.len() > 1 {
+                    if held.group.is_none() || held.group != first.group {
+                        problems.push(format!(
+                            "{ip} is held by several services but {holder} may not share it"
+                        ));
                     }
                     for port in held.ports.iter() {
                         if !seen.insert(port) {
@@ -820,7 +888,7 @@ impl Allocator {
                 if !self
                     .addresses
                     .get(ip)
-                    .is_some_and(|u| u.holders.contains(key))
+                    .is_some_and(|holders| holders.contains(key))
                 {
                     problems.push(format!("{key} holds {ip} but the address does not list it"));
                 }
@@ -849,9 +917,6 @@ impl Allocator {
 }
 
 fn remove_shared(state: &mut PoolState, family: Family, group: &Group, value: u128) {
-    if group.0.is_empty() {
-        return;
-    }
     let shared = state.shared_mut(family);
     if let Some(addresses) = shared.get_mut(group) {
         addresses.remove(&value);

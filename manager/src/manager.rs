@@ -133,6 +133,8 @@ struct State {
 struct Waiting {
     /// key → (waiting since, class).
     entries: HashMap<String, (u64, Option<u64>)>,
+    /// The members without a class, by waiting order.
+    unclassed: BTreeMap<u64, String>,
     /// class → its members by waiting order.
     classes: HashMap<u64, BTreeMap<u64, String>>,
 }
@@ -149,17 +151,20 @@ impl Waiting {
     /// Adds `key` or updates its class.
     fn insert(&mut self, key: &str, since: u64, class: Option<u64>) {
         self.remove(key);
-        if let Some(class) = class {
-            self.classes
-                .entry(class)
-                .or_default()
-                .insert(since, key.to_owned());
-        }
+        let members = match class {
+            Some(class) => self.classes.entry(class).or_default(),
+            None => &mut self.unclassed,
+        };
+        members.insert(since, key.to_owned());
         self.entries.insert(key.to_owned(), (since, class));
     }
 
     fn remove(&mut self, key: &str) {
-        let Some((since, Some(class))) = self.entries.remove(key) else {
+        let Some((since, class)) = self.entries.remove(key) else {
+            return;
+        };
+        let Some(class) = class else {
+            self.unclassed.remove(&since);
             return;
         };
         if let Some(members) = self.classes.get_mut(&class) {
@@ -182,13 +187,13 @@ impl Waiting {
     }
 
     /// What a wake reconsiders first: every key without a class and the
-    /// first of each class, with their waiting order and class.
+    /// first of each class, with their waiting order and class. Costs the
+    /// number of unclassed keys and classes, not of waiting Services.
     fn heads(&self) -> Vec<(u64, String, Option<u64>)> {
         let unclassed = self
-            .entries
+            .unclassed
             .iter()
-            .filter(|(_, (_, class))| class.is_none())
-            .map(|(key, (since, _))| (*since, key.clone(), None));
+            .map(|(since, key)| (*since, key.clone(), None));
         let heads = self.classes.iter().filter_map(|(class, members)| {
             members
                 .first_key_value()

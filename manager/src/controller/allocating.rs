@@ -20,7 +20,9 @@ use k8s_openapi::api::core::v1::{Namespace, Service};
 use subscriber::IPAddressPool;
 use tracing::{debug, info, warn};
 
-use super::service::{is_ours, pool_annotation, status_ip_strings, status_ips, ServiceView};
+use super::service::{
+    is_ours, pool_annotation, status_ip_strings, status_ips, ServiceView, NO_LABELS,
+};
 use super::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState};
 use crate::client::{Client, Event, EventType, ServiceWrite};
 use crate::store::Store;
@@ -235,12 +237,12 @@ impl AllocatingController {
                     problems.push(format!("{key} is not ours but holds {:?}", holding.ips));
                 }
                 let view = ServiceView::new(&service);
-                let namespace_labels = self.namespace_labels(&view.namespace);
+                let namespace = self.store.namespace(view.namespace);
                 let serves = state.allocator.pool(&holding.pool).is_some_and(|pool| {
                     pool.serves(&Subject {
-                        namespace: &view.namespace,
-                        labels: &view.labels,
-                        namespace_labels: &namespace_labels,
+                        namespace: view.namespace,
+                        labels: view.labels,
+                        namespace_labels: labels_of(&namespace),
                     })
                 });
                 if !serves {
@@ -263,13 +265,6 @@ impl AllocatingController {
         }
     }
 
-    fn namespace_labels(&self, namespace: &str) -> BTreeMap<String, String> {
-        self.store
-            .namespace(namespace)
-            .and_then(|ns| ns.metadata.labels.clone())
-            .unwrap_or_default()
-    }
-
     /// Decides one Service (DESIGN.md §4.1–4.7).
     fn plan(&self, state: &mut State, key: &str, service: Option<&Service>) -> Plan {
         // Released and announced by the restore pass, if so.
@@ -286,7 +281,7 @@ impl AllocatingController {
             return self.plan_not_ours(state, key, service);
         }
         let view = ServiceView::new(service);
-        let namespace_labels = self.namespace_labels(&view.namespace);
+        let namespace = self.store.namespace(view.namespace);
         let before = state.allocator.holding(key);
         let sharing_before = state
             .allocator
@@ -333,15 +328,15 @@ impl AllocatingController {
                 let request = Request {
                     key,
                     subject: Subject {
-                        namespace: &view.namespace,
-                        labels: &view.labels,
-                        namespace_labels: &namespace_labels,
+                        namespace: view.namespace,
+                        labels: view.labels,
+                        namespace_labels: labels_of(&namespace),
                     },
                     families,
-                    sharing_key: &view.sharing_key,
+                    sharing_key: view.sharing_key,
                     backend_key: &view.backend_key,
                     ports: &view.ports,
-                    pool: view.pool.as_deref(),
+                    pool: view.pool,
                     addresses: requested,
                 };
                 // §4.4 step 1: keep what the status holds if still allowed.
@@ -524,7 +519,7 @@ impl AllocatingController {
             return (RestoreOutcome::Nothing, None);
         }
         let view = ServiceView::new(service);
-        let namespace_labels = self.namespace_labels(&view.namespace);
+        let namespace = self.store.namespace(view.namespace);
         let kept = match (status_ips(service), view.families) {
             (Err(reason), _) => Err(reason),
             (Ok(_), None) => Err("the service has no cluster IP".to_owned()),
@@ -533,15 +528,15 @@ impl AllocatingController {
                 let request = Request {
                     key,
                     subject: Subject {
-                        namespace: &view.namespace,
-                        labels: &view.labels,
-                        namespace_labels: &namespace_labels,
+                        namespace: view.namespace,
+                        labels: view.labels,
+                        namespace_labels: labels_of(&namespace),
                     },
                     families,
-                    sharing_key: &view.sharing_key,
+                    sharing_key: view.sharing_key,
                     backend_key: &view.backend_key,
                     ports: &view.ports,
-                    pool: view.pool.as_deref(),
+                    pool: view.pool,
                     // An invalid request keeps what it holds (§4.2).
                     addresses: view.requested.as_ref().unwrap_or(&no_addresses),
                 };
@@ -607,6 +602,14 @@ fn others_on(allocator: &Allocator, key: &str, holding: &AllocatorHolding) -> Ve
     others.sort();
     others.dedup();
     others
+}
+
+/// A Namespace's labels (none when it is unknown).
+fn labels_of(namespace: &Option<Arc<Namespace>>) -> &BTreeMap<String, String> {
+    namespace
+        .as_ref()
+        .and_then(|ns| ns.metadata.labels.as_ref())
+        .unwrap_or(&NO_LABELS)
 }
 
 fn class_of(value: &impl Hash) -> u64 {

@@ -10,35 +10,46 @@ use k8s_openapi::api::core::v1::Service;
 
 use crate::client::POOL_ANNOTATION;
 
-const PREFIX: &str = "metallb.io/";
-const OLD_PREFIX: &str = "metallb.universe.tf/";
-const IPS: &str = "loadBalancerIPs";
-const POOL: &str = "address-pool";
-const SHARING: &str = "allow-shared-ip";
+/// The annotations a Service may ask with, as (new key, old key).
+const IPS: (&str, &str) = (
+    "metallb.io/loadBalancerIPs",
+    "metallb.universe.tf/loadBalancerIPs",
+);
+const POOL: (&str, &str) = (
+    "metallb.io/address-pool",
+    "metallb.universe.tf/address-pool",
+);
+const SHARING: (&str, &str) = (
+    "metallb.io/allow-shared-ip",
+    "metallb.universe.tf/allow-shared-ip",
+);
+
+/// Labels of an object without any.
+pub(crate) static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
 /// An annotation under either prefix: the new one wins.
 struct Annotation<'a> {
     value: Option<&'a str>,
     /// The old-prefix key, when that is the one in effect.
-    deprecated: Option<String>,
+    deprecated: Option<&'static str>,
 }
 
-fn annotation<'a>(service: &'a Service, name: &str) -> Annotation<'a> {
+fn annotation<'a>(
+    service: &'a Service,
+    (new, old): (&'static str, &'static str),
+) -> Annotation<'a> {
     let annotations = service.metadata.annotations.as_ref();
-    let get = |key: String| annotations.and_then(|a| a.get(&key)).map(String::as_str);
-    if let Some(value) = get(format!("{PREFIX}{name}")) {
-        return Annotation {
+    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    match (get(new), get(old)) {
+        (Some(value), _) => Annotation {
             value: Some(value),
             deprecated: None,
-        };
-    }
-    let old_key = format!("{OLD_PREFIX}{name}");
-    match get(old_key.clone()) {
-        Some(value) => Annotation {
-            value: Some(value),
-            deprecated: Some(old_key),
         },
-        None => Annotation {
+        (None, Some(value)) => Annotation {
+            value: Some(value),
+            deprecated: Some(old),
+        },
+        (None, None) => Annotation {
             value: None,
             deprecated: None,
         },
@@ -58,64 +69,64 @@ pub(crate) fn is_ours(service: &Service, lb_class: Option<&str>) -> bool {
             == lb_class
 }
 
-/// What a Service asks for and is, in plain values for the allocator.
+/// What a Service asks for and is, in plain values for the allocator,
+/// borrowed from the Service (a reconciliation copies nothing it need not).
 #[derive(Debug)]
-pub(crate) struct ServiceView {
-    pub(crate) namespace: String,
-    pub(crate) labels: BTreeMap<String, String>,
+pub(crate) struct ServiceView<'a> {
+    pub(crate) namespace: &'a str,
+    pub(crate) labels: &'a BTreeMap<String, String>,
     /// `None`: no cluster IP, no address can be given.
     pub(crate) families: Option<FamilyPolicy>,
     /// The requested addresses, or why the request is invalid.
     pub(crate) requested: Result<Vec<IpAddr>, String>,
-    pub(crate) pool: Option<String>,
-    pub(crate) sharing_key: String,
+    pub(crate) pool: Option<&'a str>,
+    pub(crate) sharing_key: &'a str,
     pub(crate) backend_key: String,
     pub(crate) ports: Vec<Port>,
     /// Old-prefix annotations in effect, for `DeprecatedAnnotation`.
-    pub(crate) deprecated: Vec<String>,
+    pub(crate) deprecated: Vec<&'static str>,
 }
 
-impl ServiceView {
-    pub(crate) fn new(service: &Service) -> ServiceView {
-        let spec = service.spec.clone().unwrap_or_default();
+impl<'a> ServiceView<'a> {
+    pub(crate) fn new(service: &'a Service) -> ServiceView<'a> {
+        let spec = service.spec.as_ref();
         let ips = annotation(service, IPS);
         let pool = annotation(service, POOL);
         let sharing = annotation(service, SHARING);
         let deprecated = [&ips, &pool, &sharing]
             .iter()
-            .filter_map(|a| a.deprecated.clone())
+            .filter_map(|a| a.deprecated)
             .collect();
-        let requested = requested_addresses(ips.value, spec.load_balancer_ip.as_deref());
-        let backend_key = if spec.external_traffic_policy.as_deref() == Some("Local") {
-            spec.selector
-                .unwrap_or_default()
+        let requested =
+            requested_addresses(ips.value, spec.and_then(|s| s.load_balancer_ip.as_deref()));
+        let local = spec.and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
+        let backend_key = match spec.and_then(|s| s.selector.as_ref()) {
+            Some(selector) if local => selector
                 .iter()
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
-                .join(",")
-        } else {
-            String::new()
+                .join(","),
+            _ => String::new(),
         };
         let ports = spec
-            .ports
-            .unwrap_or_default()
-            .iter()
-            .map(|p| Port {
-                protocol: Protocol::from_k8s(p.protocol.as_deref()),
-                port: p.port,
+            .and_then(|s| s.ports.as_ref())
+            .map(|ports| {
+                ports
+                    .iter()
+                    .map(|p| Port {
+                        protocol: Protocol::from_k8s(p.protocol.as_deref()),
+                        port: p.port,
+                    })
+                    .collect()
             })
-            .collect();
+            .unwrap_or_default();
         ServiceView {
-            namespace: service.metadata.namespace.clone().unwrap_or_default(),
-            labels: service.metadata.labels.clone().unwrap_or_default(),
+            namespace: service.metadata.namespace.as_deref().unwrap_or_default(),
+            labels: service.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
             families: families(service),
             requested,
-            pool: pool
-                .value
-                .map(str::trim)
-                .filter(|p| !p.is_empty())
-                .map(str::to_owned),
-            sharing_key: sharing.value.unwrap_or_default().trim().to_owned(),
+            pool: pool.value.map(str::trim).filter(|p| !p.is_empty()),
+            sharing_key: sharing.value.unwrap_or_default().trim(),
             backend_key,
             ports,
             deprecated,
@@ -134,7 +145,8 @@ fn requested_addresses(
     let (source, text) = match (annotation, spec_ip) {
         (Some(_), Some(_)) => {
             return Err(format!(
-                "both the {PREFIX}{IPS} annotation and spec.loadBalancerIP are set"
+                "both the {} annotation and spec.loadBalancerIP are set",
+                IPS.0
             ))
         }
         (Some(text), None) => ("the loadBalancerIPs annotation", text),
@@ -258,15 +270,16 @@ mod tests {
 
     #[test]
     fn new_prefix_wins_and_old_prefix_is_reported() {
-        let view = ServiceView::new(&service(
+        let svc = service(
             &[
                 ("metallb.io/address-pool", "new"),
                 ("metallb.universe.tf/address-pool", "old"),
                 ("metallb.universe.tf/allow-shared-ip", "k"),
             ],
             lb(&["10.96.0.1"]),
-        ));
-        assert_eq!(view.pool.as_deref(), Some("new"));
+        );
+        let view = ServiceView::new(&svc);
+        assert_eq!(view.pool, Some("new"));
         assert_eq!(view.sharing_key, "k");
         assert_eq!(view.deprecated, ["metallb.universe.tf/allow-shared-ip"]);
     }
