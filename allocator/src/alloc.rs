@@ -210,10 +210,26 @@ struct Held {
     pool: Arc<str>,
     /// IPv4 first.
     ips: Box<[IpAddr]>,
-    /// `None` without a sharing key.
-    group: Option<Group>,
-    /// Only with a group: ports matter only to Services on one address.
+    /// `None` without a sharing key (ports matter only to Services that
+    /// may stack on one address).
+    sharing: Option<Box<Sharing>>,
+}
+
+/// How a Service with a sharing key holds its addresses.
+#[derive(Debug, PartialEq, Eq)]
+struct Sharing {
+    group: Group,
     ports: Box<[Port]>,
+}
+
+impl Held {
+    fn group(&self) -> Option<&str> {
+        self.sharing.as_deref().map(|s| &*s.group)
+    }
+
+    fn ports(&self) -> &[Port] {
+        self.sharing.as_deref().map_or(&[], |s| &s.ports)
+    }
 }
 
 /// Pools, holdings and the allocation rules. Plain data: no I/O, no async,
@@ -480,7 +496,7 @@ impl Allocator {
     pub fn sharing_of(&self, key: &str) -> Option<(&str, &[Port])> {
         self.services
             .get(key)
-            .map(|held| (held.group.as_deref().unwrap_or_default(), &*held.ports))
+            .map(|held| (held.group().unwrap_or_default(), held.ports()))
     }
 
     /// Number of Services holding addresses.
@@ -507,8 +523,8 @@ impl Allocator {
             let (family, value) = to_int(ip);
             if let Some(state) = self.pools.get_mut(&held.pool) {
                 state.used_mut(family).remove(value);
-                if let Some(group) = &held.group {
-                    remove_shared(state, family, group, value);
+                if let Some(sharing) = &held.sharing {
+                    remove_shared(state, family, &sharing.group, value);
                 }
             }
         }
@@ -527,10 +543,10 @@ impl Allocator {
                     let (family, value) = to_int(ip);
                     if let Some(state) = self.pools.get_mut(&held.pool) {
                         state.used_mut(family).insert(value);
-                        if let Some(group) = &held.group {
+                        if let Some(sharing) = &held.sharing {
                             state
                                 .shared_mut(family)
-                                .entry(Arc::clone(group))
+                                .entry(Arc::clone(&sharing.group))
                                 .or_default()
                                 .insert(value);
                         }
@@ -554,8 +570,8 @@ impl Allocator {
         if let Some(held) = self.services.get(request.key) {
             if held.pool == pool
                 && *held.ips == *ips
-                && held.group.as_deref() == group.as_deref()
-                && *held.ports == *ports
+                && held.group() == group.as_deref()
+                && held.ports() == ports
             {
                 return holding;
             }
@@ -564,8 +580,12 @@ impl Allocator {
         let held = Held {
             pool,
             ips: ips.into_boxed_slice(),
-            group: group.map(Arc::from),
-            ports: ports.into(),
+            sharing: group.map(|group| {
+                Box::new(Sharing {
+                    group: Arc::from(group),
+                    ports: ports.into(),
+                })
+            }),
         };
         self.insert_held(Arc::from(request.key), held);
         holding
@@ -590,7 +610,7 @@ impl Allocator {
                 continue;
             };
             let holder = holder.to_string();
-            let (Some(theirs), Some(ours)) = (held.group.as_deref(), group) else {
+            let (Some(theirs), Some(ours)) = (held.group(), group) else {
                 return Err(ShareConflict::InUse { holder });
             };
             if theirs != ours {
@@ -600,7 +620,7 @@ impl Allocator {
                     ShareConflict::OtherBackend { holder }
                 });
             }
-            if let Some(port) = held.ports.iter().find(|p| request.ports.contains(p)) {
+            if let Some(port) = held.ports().iter().find(|p| request.ports.contains(p)) {
                 return Err(ShareConflict::Port {
                     holder,
                     port: port.clone(),
@@ -870,12 +890,12 @@ impl Allocator {
                     ));
                 }
                 if holders.len() > 1 {
-                    if held.group.is_none() || held.group != first.group {
+                    if held.group().is_none() || held.group() != first.group() {
                         problems.push(format!(
                             "{ip} is held by several services but {holder} may not share it"
                         ));
                     }
-                    for port in held.ports.iter() {
+                    for port in held.ports() {
                         if !seen.insert(port) {
                             problems.push(format!("{ip}: port {port} is used twice"));
                         }
