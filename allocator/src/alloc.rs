@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::addr::{from_int, to_int, Family};
 use crate::count::AddressCount;
 use crate::error::{AllocError, ShareConflict};
-use crate::pool::{Pool, PoolError};
+use crate::pool::{AddrRange, Pool, PoolError};
 use crate::request::{FamilyPolicy, Port, Request};
 use crate::spec::IPAddressPoolSpec;
 use crate::used::UsedSet;
@@ -362,7 +362,7 @@ impl Allocator {
                     continue;
                 }
             };
-            if let Some(error) = overlap_in_index(&index, pool, &pools) {
+            if let Some(error) = overlap_in_index(&index, pool) {
                 rejected.insert(object.name.clone(), error.to_string());
                 continue;
             }
@@ -383,7 +383,10 @@ impl Allocator {
     }
 
     fn rehome_holdings(&mut self) -> PoolChange {
-        let services = std::mem::take(&mut self.services);
+        // In key order, so holders are listed the same way in every run.
+        let mut services: Vec<(Arc<str>, Held)> =
+            std::mem::take(&mut self.services).into_iter().collect();
+        services.sort_by(|a, b| a.0.cmp(&b.0));
         self.addresses.clear();
         let mut released = Vec::new();
         for (key, mut held) in services {
@@ -749,13 +752,15 @@ impl Allocator {
             return None;
         }
         let held = self.services.get(request.key)?;
-        let [ip] = &*held.ips else {
+        // The held address must still be allowed for this request.
+        self.check(request, &held.ips, true).ok()?;
+        let [ip] = *held.ips else {
             return None;
         };
-        let missing = Family::of(*ip).other();
+        let missing = Family::of(ip).other();
         let state = self.pools.get(&held.pool)?;
         let value = self.lowest_fit(state, missing, request)?;
-        let ips = vec![*ip, from_int(missing, value)];
+        let ips = vec![ip, from_int(missing, value)];
         let pool = Arc::clone(&state.name);
         Some(self.hold(request, pool, ips))
     }
@@ -946,24 +951,31 @@ fn remove_shared(state: &mut PoolState, family: Family, group: &Group, value: u1
     }
 }
 
-/// The first overlap of `pool` with a range already in `index`.
+/// The first overlap of `pool` with a range already in `index`, in
+/// O(entries × log(ranges)).
 fn overlap_in_index(
     index: &BTreeMap<(Family, u128), (u128, Arc<str>)>,
     pool: &Pool,
-    pools: &BTreeMap<Arc<str>, PoolState>,
 ) -> Option<PoolError> {
     for range in &pool.ranges {
         // Ranges in the index are disjoint: only the one starting last at or
         // before our last address can overlap us.
-        let Some(((family, _), (last, other))) =
+        let Some(((family, first), (last, other))) =
             index.range(..=(range.family, range.last)).next_back()
         else {
             continue;
         };
         if *family == range.family && *last >= range.first {
-            if let Some(other) = pools.get(other) {
-                return pool.overlap_with(&other.pool);
-            }
+            let theirs = AddrRange {
+                family: *family,
+                first: *first,
+                last: *last,
+            };
+            return Some(PoolError::Overlap {
+                entry: range.to_string(),
+                other_pool: other.to_string(),
+                other_entry: theirs.to_string(),
+            });
         }
     }
     None

@@ -34,10 +34,6 @@ impl AddrRange {
     pub(crate) fn contains(&self, family: Family, value: u128) -> bool {
         self.family == family && self.first <= value && value <= self.last
     }
-
-    fn overlaps(&self, other: &AddrRange) -> bool {
-        self.family == other.family && self.first <= other.last && other.first <= self.last
-    }
 }
 
 impl fmt::Display for AddrRange {
@@ -150,14 +146,13 @@ impl Pool {
         }
         let mut ranges: Vec<(AddrRange, &str)> = Vec::with_capacity(spec.addresses.len());
         for entry in &spec.addresses {
-            let range = parse_entry(entry)?;
-            if let Some((_, other)) = ranges.iter().find(|(r, _)| r.overlaps(&range)) {
-                return Err(PoolError::SelfOverlap {
-                    entry: entry.trim().to_owned(),
-                    other: other.trim().to_owned(),
-                });
-            }
-            ranges.push((range, entry));
+            ranges.push((parse_entry(entry)?, entry));
+        }
+        if let Some((later, earlier)) = first_self_overlap(&ranges) {
+            return Err(PoolError::SelfOverlap {
+                entry: later.trim().to_owned(),
+                other: earlier.trim().to_owned(),
+            });
         }
         let allocation = spec
             .service_allocation
@@ -217,20 +212,38 @@ impl Pool {
             .and_then(|a| a.priority)
             .unwrap_or(u64::MAX)
     }
+}
 
-    pub(crate) fn overlap_with(&self, other: &Pool) -> Option<PoolError> {
-        self.ranges.iter().find_map(|mine| {
-            other
-                .ranges
-                .iter()
-                .find(|theirs| mine.overlaps(theirs))
-                .map(|theirs| PoolError::Overlap {
-                    entry: mine.to_string(),
-                    other_pool: other.name.clone(),
-                    other_entry: theirs.to_string(),
-                })
-        })
+/// Two entries of one pool that overlap, as (the later, the earlier in
+/// `spec.addresses` order): a sweep over the entries sorted by first address,
+/// O(n log n), so a pool of many single addresses is no trap.
+fn first_self_overlap<'a>(ranges: &[(AddrRange, &'a str)]) -> Option<(&'a str, &'a str)> {
+    let mut order: Vec<usize> = (0..ranges.len()).collect();
+    order.sort_by_key(|&i| ranges.get(i).map(|(r, _)| (r.family, r.first)));
+    // The entry reaching furthest so far in the current family.
+    let mut reach: Option<(Family, u128, usize)> = None;
+    let mut found: Option<(usize, usize)> = None;
+    for &i in &order {
+        let Some((range, _)) = ranges.get(i) else {
+            continue;
+        };
+        match reach.filter(|(family, _, _)| *family == range.family) {
+            Some((_, last, j)) => {
+                if range.first <= last {
+                    let pair = (i.max(j), i.min(j));
+                    if found.is_none_or(|f| pair < f) {
+                        found = Some(pair);
+                    }
+                }
+                if range.last > last {
+                    reach = Some((range.family, range.last, i));
+                }
+            }
+            None => reach = Some((range.family, range.last, i)),
+        }
     }
+    let (later, earlier) = found?;
+    Some((ranges.get(later)?.1, ranges.get(earlier)?.1))
 }
 
 fn parse_ip(entry: &str, text: &str) -> Result<IpAddr, PoolError> {
@@ -426,6 +439,28 @@ mod tests {
             err(&["10.0.0.0/24", "10.0.0.9"]),
             "addresses \"10.0.0.9\" overlap \"10.0.0.0/24\" in the same pool"
         );
+    }
+
+    #[test]
+    fn many_entries_and_overlaps_found_by_the_sweep() {
+        let many: Vec<String> = (0..20_000u32)
+            .map(|i| std::net::Ipv4Addr::from(0x0a00_0000 + i * 2).to_string())
+            .collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        let pool = Pool::parse("p", &spec(&refs)).unwrap();
+        assert_eq!(pool.total(Family::V4).get(), Some(20_000));
+        let mut with_overlap = refs.clone();
+        with_overlap.push("10.0.0.0/30");
+        assert!(matches!(
+            Pool::parse("p", &spec(&with_overlap)),
+            Err(PoolError::SelfOverlap { .. })
+        ));
+        // Nested and same-start entries, and families kept apart.
+        assert_eq!(
+            err(&["10.0.0.0/24", "fd00::/120", "10.1.0.0/24", "10.0.0.0/25"]),
+            "addresses \"10.0.0.0/25\" overlap \"10.0.0.0/24\" in the same pool"
+        );
+        assert!(Pool::parse("p", &spec(&["10.0.0.0/24", "::a00:0/120"])).is_ok());
     }
 
     #[test]

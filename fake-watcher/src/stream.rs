@@ -115,6 +115,17 @@ pub enum LineError {
         /// The object's kind.
         kind: Kind,
     },
+    /// A name or namespace with a `/`, which no Kubernetes object has (and
+    /// which would make two Services share one `namespace/name` key).
+    #[error("{kind} {field} {value:?} contains '/'")]
+    BadName {
+        /// The object's kind.
+        kind: Kind,
+        /// `metadata.name` or `metadata.namespace`.
+        field: &'static str,
+        /// The value as given.
+        value: String,
+    },
     /// The replay store refused the write (as an API server would).
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -635,8 +646,24 @@ fn decode_as<T: DeserializeOwned>(kind: Kind, object: Map<String, Value>) -> Res
 
 fn require_name(kind: Kind, name: Option<&str>) -> Result<(), LineError> {
     match name {
+        Some(name) if name.contains('/') => Err(LineError::BadName {
+            kind,
+            field: "metadata.name",
+            value: name.to_owned(),
+        }),
         Some(name) if !name.is_empty() => Ok(()),
         _ => Err(LineError::MissingName { kind }),
+    }
+}
+
+fn check_namespace(kind: Kind, namespace: Option<&str>) -> Result<(), LineError> {
+    match namespace {
+        Some(namespace) if namespace.contains('/') => Err(LineError::BadName {
+            kind,
+            field: "metadata.namespace",
+            value: namespace.to_owned(),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -646,6 +673,7 @@ fn decode_object(kind: Kind, object: Map<String, Value>) -> Result<Object, LineE
             let has_status = object.contains_key("status");
             let mut service: Service = decode_as(kind, object)?;
             require_name(kind, service.metadata.name.as_deref())?;
+            check_namespace(kind, service.metadata.namespace.as_deref())?;
             let namespace = &mut service.metadata.namespace;
             if namespace.as_deref().is_none_or(str::is_empty) {
                 *namespace = Some(DEFAULT_NAMESPACE.to_owned());
@@ -690,6 +718,7 @@ fn decode_ref(kind: Kind, object: Map<String, Value>) -> Result<ObjectRef, LineE
         namespace: None,
     });
     require_name(kind, metadata.name.as_deref())?;
+    check_namespace(kind, metadata.namespace.as_deref())?;
     let namespace = match kind {
         Kind::Service => Some(
             metadata

@@ -12,3 +12,13 @@ mod cli;
 
 // The snapshot corpus of streams: every rule of DESIGN.md §4 end to end.
 mod corpus;
+
+// Random streams: §6 invariants after every line, identical replays, restarts
+// and failed writes that change no address, streams cut mid-line.
+mod properties;
+
+// Bad lines and bad values: a precise error each, the rest undisturbed.
+mod bad_input;
+
+// Inputs found by the cargo-fuzz targets (fuzz/), replayed without a fuzzer.
+mod fuzz_regressions;

@@ -6,7 +6,7 @@
 //! who holds what. Writes and events happen after the lock is released.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,6 +85,9 @@ struct State {
     /// Status addresses the restore pass released and announced
     /// (`ClearAssignment`), so the second pass does not announce them again.
     cleared: HashMap<String, Vec<String>>,
+    /// Services that stopped being ours and whose clearing write has not
+    /// gone through yet.
+    owed_clears: HashSet<String>,
 }
 
 /// The controller that applies DESIGN.md §4 on an [`Allocator`].
@@ -132,7 +135,20 @@ impl Plan {
     }
 }
 
-fn event(event_type: EventType, reason: &str, message: String) -> Event {
+/// The longest Event message written: an API server refuses larger notes
+/// (events.k8s.io/v1 caps them at 1 kB), and a pathological annotation must
+/// not make one.
+const MAX_MESSAGE: usize = 1024;
+
+fn event(event_type: EventType, reason: &str, mut message: String) -> Event {
+    if message.len() > MAX_MESSAGE {
+        let mut end = MAX_MESSAGE - 3;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push('…');
+    }
     Event {
         event_type,
         reason: reason.to_owned(),
@@ -272,6 +288,7 @@ impl AllocatingController {
         let Some(service) = service else {
             state.allocator.release(key);
             state.last_warning.remove(key);
+            state.owed_clears.remove(key);
             // Every delete wakes the waiting Services (§4.6).
             let mut outcome = SyncOutcome::success();
             outcome.wake_waiting = true;
@@ -280,6 +297,9 @@ impl AllocatingController {
         if !is_ours(service, self.config.lb_class.as_deref()) {
             return self.plan_not_ours(state, key, service);
         }
+        // Addresses released when the Service stopped being ours, whose
+        // clearing write has not gone through: stale, never kept.
+        let stale_status = state.owed_clears.remove(key);
         let view = ServiceView::new(service);
         let namespace = self.store.namespace(view.namespace);
         let before = state.allocator.holding(key);
@@ -341,7 +361,7 @@ impl AllocatingController {
                 };
                 // §4.4 step 1: keep what the status holds if still allowed.
                 let mut kept = false;
-                if !status_strings.is_empty() {
+                if !status_strings.is_empty() && !stale_status {
                     let result = match &status {
                         Ok(ips) => state
                             .allocator
@@ -482,15 +502,22 @@ impl AllocatingController {
     fn plan_not_ours(&self, state: &mut State, key: &str, service: &Service) -> Plan {
         let released = state.allocator.release(key);
         state.last_warning.remove(key);
-        // What we wrote is cleared when we held it, or (after a restart)
-        // when the Service is no LoadBalancer at all any more; a
-        // LoadBalancer of another class belongs to its own host.
+        // What we wrote is cleared when we held it (and, if that write
+        // fails, until it goes through), or (after a restart) when the
+        // Service is no LoadBalancer at all any more; a LoadBalancer of
+        // another class belongs to its own host.
         let is_load_balancer =
             service.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer");
         let ours_written = pool_annotation(service).is_some();
         let anything_written = ours_written || !status_ip_strings(service).is_empty();
-        let write = (anything_written
-            && (released.is_some() || (ours_written && !is_load_balancer)))
+        if released.is_some() && anything_written {
+            state.owed_clears.insert(key.to_owned());
+        }
+        if !anything_written {
+            state.owed_clears.remove(key);
+        }
+        let owed = state.owed_clears.contains(key);
+        let write = (anything_written && (owed || (ours_written && !is_load_balancer)))
             .then(ServiceWrite::default);
         let mut outcome = SyncOutcome::success();
         outcome.wake_waiting = released.is_some();
@@ -770,5 +797,20 @@ impl Controller for AllocatingController {
 
     fn mark_synced(&self) {
         info!(pools = self.lock().allocator.pool_stats().len(), "synced");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_messages_are_capped_at_a_char_boundary() {
+        let long = format!("x{}", "é".repeat(5000));
+        let capped = event(EventType::Warning, reason::LOAD_BALANCER_FAILED, long);
+        assert!(capped.message.len() <= MAX_MESSAGE);
+        assert!(capped.message.ends_with('…'));
+        let short = event(EventType::Normal, reason::IP_ALLOCATED, "ok".into());
+        assert_eq!(short.message, "ok");
     }
 }

@@ -158,7 +158,7 @@ fn requested_addresses(
         let part = part.trim();
         let ip: IpAddr = part
             .parse()
-            .map_err(|_| format!("{source}: {part:?} is not an IP address"))?;
+            .map_err(|_| format!("{source}: {:?} is not an IP address", shortened(part)))?;
         if ips.iter().any(|other| other.is_ipv4() == ip.is_ipv4()) {
             return Err(format!(
                 "{source}: more than one {} address",
@@ -168,6 +168,15 @@ fn requested_addresses(
         ips.push(ip);
     }
     Ok(ips)
+}
+
+/// `text`, cut to a length an Event message can carry.
+pub(crate) fn shortened(text: &str) -> String {
+    const LIMIT: usize = 64;
+    match text.char_indices().nth(LIMIT) {
+        Some((end, _)) => format!("{}…", text.get(..end).unwrap_or_default()),
+        None => text.to_owned(),
+    }
 }
 
 /// The families of a Service from its cluster IPs (§4.3).
@@ -209,7 +218,7 @@ pub(crate) fn status_ips(service: &Service) -> Result<Vec<IpAddr>, String> {
         .into_iter()
         .map(|text| {
             text.parse()
-                .map_err(|_| format!("status address {text:?} is not an IP address"))
+                .map_err(|_| format!("status address {:?} is not an IP address", shortened(&text)))
         })
         .collect()
 }

@@ -1,0 +1,1219 @@
+//! Property tests of whole replays (DESIGN.md §4.8 and §6, issue #6).
+//!
+//! Random streams over a small cluster (a dozen Service keys, four pools of a
+//! few addresses each, so Services contend) mix creates and updates of
+//! Services (annotations, ports, type, class, sharing keys, requested
+//! addresses valid and invalid, families, statuses), deletes, pool adds,
+//! changes and deletes (overlapping and invalid pools included), Namespace
+//! label changes, repeated lines, out-of-order events, deletes of unknown
+//! objects, comments, bookmarks, unknown kinds and `SYNCED` lines. Each
+//! property replays them and checks:
+//!
+//! - the §6 invariants after every line (`ReplayOptions::check_invariants`),
+//!   and, independently, that the final result shares no address against the
+//!   rules of §4.4 and that the pools' counters count what the statuses hold;
+//! - replaying a stream twice gives byte-identical results and traces;
+//! - a restart (the final store dumped as `ADDED` lines, then `SYNCED`)
+//!   keeps every Service's addresses;
+//! - failed status writes (conflicts and other errors) change no Service's
+//!   final addresses;
+//! - a stream cut off mid-line is an error that names the line.
+//!
+//! Each property runs `PROPTEST_CASES` cases (64 by default) and prints how
+//! many it ran (`cargo test -p fake-watcher --test integration properties --
+//! --nocapture`). A failing case prints its stream, ready to be saved as a
+//! regression test.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use fake_watcher::{
+    render_json, Count, FailurePlan, LineError, ReplayError, ReplayOptions, ReplayOutput,
+    ReplayResult,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use serde_json::{json, Map, Value};
+
+const POOL_ANNOTATION: &str = "metallb.io/ip-allocated-from-pool";
+
+// ----- the cluster the streams talk about -----
+
+/// `spec.addresses` of the pools: small, overlapping one another, some
+/// invalid, one huge.
+const POOL_SHAPES: &[&[&str]] = &[
+    &["10.0.0.0/30"],
+    &["10.0.0.2-10.0.0.5", "fd00::/126"],
+    &["10.0.1.0/31", "fd00::10-fd00::11"],
+    &["10.0.0.254 - 10.0.1.1"],
+    &["fd00::/127"],
+    &["10.0.4.0/29", "fd00::20/127"],
+    &["fd00:1::/64", "10.0.5.255"],
+    &["10.0.0.5-10.0.0.1"],
+    &["10.0.2.0/33"],
+    &[],
+    &["10.0.3.0/31", "10.0.3.1"],
+    &["10.0.6.7/30", "not-an-address"],
+];
+
+/// Values of `metallb.io/loadBalancerIPs` (or `spec.loadBalancerIP`).
+const REQUESTS: &[&str] = &[
+    "10.0.0.0",
+    "10.0.0.1",
+    "10.0.0.3",
+    "10.0.1.0",
+    "fd00::1",
+    "fd00::11",
+    "10.0.0.2,fd00::2",
+    " 10.0.4.1 , fd00::21 ",
+    "192.168.0.1",
+    "fd00:1::5",
+    "10.0.0.300",
+    "10.0.0.1:80",
+    "fd00::1%eth0",
+    "10.0.0.1, 10.0.0.2, fd00::1",
+    "10.0.0.1,10.0.0.2",
+    "",
+];
+
+/// `status.loadBalancer.ingress` addresses a stream may claim.
+const STATUSES: &[&[&str]] = &[
+    &["10.0.0.0"],
+    &["10.0.0.1"],
+    &["10.0.0.2"],
+    &["10.0.1.0"],
+    &["fd00::1"],
+    &["10.0.0.3", "fd00::2"],
+    &["10.0.4.1"],
+    &["192.168.0.1"],
+    &["not-an-ip"],
+    &["fd00:1::"],
+    &["10.0.0.0", "10.0.0.1"],
+];
+
+/// Service ports: (port, protocol).
+const PORTS: &[(i64, &str)] = &[(80, "TCP"), (443, "TCP"), (53, "UDP"), (80, "UDP")];
+
+const POOL_NAMES: &[&str] = &["p0", "p1", "p2", "p3"];
+const NAMESPACES: &[&str] = &["a", "b"];
+
+/// A Service as a line writes it.
+#[derive(Clone, Debug)]
+struct Svc {
+    /// `s0`..`s3`.
+    name: u8,
+    /// 0: no namespace (`default`), 1: `a`, 2: `b`.
+    namespace: u8,
+    /// 0: LoadBalancer, 1: ClusterIP, 2: LoadBalancer of another class,
+    /// 3: no type.
+    kind: u8,
+    /// 0: nothing (SingleStack IPv4), 1: IPv6, 2: RequireDualStack,
+    /// 3: PreferDualStack, 4: PreferDualStack IPv6 first, 5: headless.
+    family: u8,
+    /// Bit mask over [`PORTS`].
+    ports: u8,
+    /// (old prefix, key index).
+    sharing: Option<(bool, u8)>,
+    /// (old prefix, pool index; past the pools: an unknown pool).
+    pool: Option<(bool, u8)>,
+    /// (how: 0 annotation, 1 old-prefix annotation, 2 spec.loadBalancerIP,
+    /// 3 both, index into [`REQUESTS`]).
+    request: Option<(u8, u8)>,
+    /// externalTrafficPolicy Local with selector `app=web` or `app=db`.
+    local: Option<bool>,
+    /// 0: none, 1: `app=web`, 2: `app=db`.
+    labels: u8,
+    /// (index into [`STATUSES`], with the pool annotation of this pool).
+    status: Option<(u8, Option<u8>)>,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Service {
+        modified: bool,
+        svc: Svc,
+    },
+    DeleteService {
+        name: u8,
+        namespace: u8,
+    },
+    Pool {
+        modified: bool,
+        name: u8,
+        shape: u8,
+        auto_assign: Option<bool>,
+        avoid_buggy: Option<bool>,
+        allocation: u8,
+    },
+    DeletePool {
+        name: u8,
+    },
+    Namespace {
+        modified: bool,
+        name: u8,
+        labels: u8,
+    },
+    DeleteNamespace {
+        name: u8,
+    },
+    /// Repeats the line this many lines back (a duplicate event).
+    Repeat {
+        back: u8,
+    },
+    /// 0: comment, 1: blank, 2: BOOKMARK, 3: unknown kind, 4: SYNCED.
+    Noise(u8),
+}
+
+fn svc_strategy(with_status: bool) -> impl Strategy<Value = Svc> {
+    let status = if with_status {
+        proptest::option::weighted(0.8, (0..STATUSES.len() as u8, proptest::option::of(0u8..4)))
+            .boxed()
+    } else {
+        proptest::option::weighted(0.1, (0..STATUSES.len() as u8, proptest::option::of(0u8..4)))
+            .boxed()
+    };
+    (
+        (0u8..4, 0u8..3, prop_oneof![12 => Just(0u8), 1 => Just(1), 1 => Just(2), 1 => Just(3)]),
+        (
+            prop_oneof![10 => Just(0u8), 2 => Just(1), 2 => Just(2), 2 => Just(3), 1 => Just(4), 1 => Just(5)],
+            prop_oneof![3 => (0u8..4).prop_map(|bit| 1 << bit), 1 => 1u8..16],
+        ),
+        (
+            proptest::option::weighted(
+                0.6,
+                (any::<bool>(), prop_oneof![3 => Just(0u8), 1 => Just(1)]),
+            ),
+            proptest::option::weighted(0.25, (any::<bool>(), 0u8..5)),
+            proptest::option::weighted(0.25, (0u8..4, 0..REQUESTS.len() as u8)),
+        ),
+        (
+            proptest::option::weighted(0.15, any::<bool>()),
+            0u8..3,
+            status,
+        ),
+    )
+        .prop_map(
+            |(
+                (name, namespace, kind),
+                (family, ports),
+                (sharing, pool, request),
+                (local, labels, status),
+            )| Svc {
+                name,
+                namespace,
+                kind,
+                family,
+                ports,
+                sharing,
+                pool,
+                request,
+                local,
+                labels,
+                status,
+            },
+        )
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        10 => (any::<bool>(), svc_strategy(false))
+            .prop_map(|(modified, svc)| Op::Service { modified, svc }),
+        3 => (0u8..4, 0u8..3).prop_map(|(name, namespace)| Op::DeleteService { name, namespace }),
+        4 => (
+            any::<bool>(),
+            0u8..4,
+            0..POOL_SHAPES.len() as u8,
+            proptest::option::weighted(0.2, any::<bool>()),
+            proptest::option::weighted(0.2, any::<bool>()),
+            prop_oneof![6 => Just(0u8), 1 => 1u8..8],
+        )
+            .prop_map(|(modified, name, shape, auto_assign, avoid_buggy, allocation)| Op::Pool {
+                modified,
+                name,
+                shape,
+                auto_assign,
+                avoid_buggy,
+                allocation,
+            }),
+        1 => (0u8..4).prop_map(|name| Op::DeletePool { name }),
+        2 => (any::<bool>(), 0u8..2, 0u8..4)
+            .prop_map(|(modified, name, labels)| Op::Namespace { modified, name, labels }),
+        1 => (0u8..2).prop_map(|name| Op::DeleteNamespace { name }),
+        2 => any::<u8>().prop_map(|back| Op::Repeat { back }),
+        2 => (0u8..5).prop_map(Op::Noise),
+    ]
+}
+
+/// A stream: a few valid pools, an initial list (Services with statuses
+/// mostly), maybe `SYNCED`, then events; at most 40 lines.
+#[derive(Clone, Debug)]
+struct Script {
+    /// (name, shape) of valid pools added first.
+    pools: Vec<(u8, u8)>,
+    initial: Vec<Op>,
+    synced: bool,
+    events: Vec<Op>,
+}
+
+/// The shapes of [`POOL_SHAPES`] that are valid pools on their own.
+const VALID_SHAPES: u8 = 7;
+
+fn script_strategy() -> impl Strategy<Value = Script> {
+    let initial_op = prop_oneof![
+        3 => svc_strategy(true).prop_map(|svc| Op::Service { modified: false, svc }),
+        2 => op_strategy(),
+    ];
+    (
+        prop::collection::vec((0u8..4, 0..VALID_SHAPES), 0..3),
+        prop::collection::vec(initial_op, 0..6),
+        any::<bool>(),
+        prop::collection::vec(op_strategy(), 1..30),
+    )
+        .prop_map(|(pools, initial, synced, events)| Script {
+            pools,
+            initial,
+            synced,
+            events,
+        })
+}
+
+// ----- rendering a script as lines, and modelling the store -----
+
+/// What a line does to the store.
+#[derive(Clone, Debug)]
+enum Effect {
+    None,
+    UpsertService(String, Value),
+    DeleteService(String),
+    UpsertPool(String, Value),
+    DeletePool(String),
+    UpsertNamespace(String, Value),
+    DeleteNamespace(String),
+}
+
+#[derive(Clone, Debug)]
+struct Line {
+    text: String,
+    effect: Effect,
+}
+
+impl Line {
+    fn event(event_type: &str, object: Value, effect: Effect) -> Line {
+        Line {
+            text: json!({"type": event_type, "object": object}).to_string(),
+            effect,
+        }
+    }
+
+    fn plain(text: &str) -> Line {
+        Line {
+            text: text.to_owned(),
+            effect: Effect::None,
+        }
+    }
+
+    /// An event line, not a comment or a blank line.
+    fn is_event(&self) -> bool {
+        let text = self.text.trim_start();
+        !text.is_empty() && !text.starts_with('#')
+    }
+}
+
+fn namespace_of(index: u8) -> Option<&'static str> {
+    NAMESPACES.get(usize::from(index).wrapping_sub(1)).copied()
+}
+
+fn service_key(name: u8, namespace: u8) -> String {
+    format!("{}/s{name}", namespace_of(namespace).unwrap_or("default"))
+}
+
+fn pool_name(index: u8) -> &'static str {
+    POOL_NAMES
+        .get(usize::from(index))
+        .copied()
+        .unwrap_or("nope")
+}
+
+fn service_object(svc: &Svc) -> Value {
+    let mut metadata = Map::new();
+    metadata.insert("name".into(), json!(format!("s{}", svc.name)));
+    if let Some(namespace) = namespace_of(svc.namespace) {
+        metadata.insert("namespace".into(), json!(namespace));
+    }
+    let mut annotations = Map::new();
+    let prefix = |old: bool| {
+        if old {
+            "metallb.universe.tf/"
+        } else {
+            "metallb.io/"
+        }
+    };
+    if let Some((old, key)) = svc.sharing {
+        annotations.insert(
+            format!("{}allow-shared-ip", prefix(old)),
+            json!(format!("key{key}")),
+        );
+    }
+    if let Some((old, pool)) = svc.pool {
+        annotations.insert(
+            format!("{}address-pool", prefix(old)),
+            json!(pool_name(pool)),
+        );
+    }
+    let mut spec = Map::new();
+    if let Some((how, index)) = svc.request {
+        let value = REQUESTS
+            .get(usize::from(index))
+            .copied()
+            .unwrap_or_default();
+        if matches!(how, 0 | 3) {
+            annotations.insert("metallb.io/loadBalancerIPs".into(), json!(value));
+        }
+        if how == 1 {
+            annotations.insert("metallb.universe.tf/loadBalancerIPs".into(), json!(value));
+        }
+        if matches!(how, 2 | 3) {
+            spec.insert("loadBalancerIP".into(), json!(value));
+        }
+    }
+    if let Some((_, Some(pool))) = svc.status {
+        annotations.insert(POOL_ANNOTATION.into(), json!(pool_name(pool)));
+    }
+    if !annotations.is_empty() {
+        metadata.insert("annotations".into(), Value::Object(annotations));
+    }
+    match svc.labels {
+        1 => {
+            metadata.insert("labels".into(), json!({"app": "web"}));
+        }
+        2 => {
+            metadata.insert("labels".into(), json!({"app": "db"}));
+        }
+        _ => {}
+    }
+    match svc.kind {
+        0 => {
+            spec.insert("type".into(), json!("LoadBalancer"));
+        }
+        1 => {
+            spec.insert("type".into(), json!("ClusterIP"));
+        }
+        2 => {
+            spec.insert("type".into(), json!("LoadBalancer"));
+            spec.insert("loadBalancerClass".into(), json!("other"));
+        }
+        _ => {}
+    }
+    match svc.family {
+        1 => {
+            spec.insert("ipFamilies".into(), json!(["IPv6"]));
+        }
+        2 => {
+            spec.insert("ipFamilyPolicy".into(), json!("RequireDualStack"));
+        }
+        3 => {
+            spec.insert("ipFamilyPolicy".into(), json!("PreferDualStack"));
+        }
+        4 => {
+            spec.insert("ipFamilyPolicy".into(), json!("PreferDualStack"));
+            spec.insert("ipFamilies".into(), json!(["IPv6", "IPv4"]));
+        }
+        5 => {
+            spec.insert("clusterIP".into(), json!("None"));
+        }
+        _ => {}
+    }
+    let ports: Vec<Value> = PORTS
+        .iter()
+        .enumerate()
+        .filter(|(bit, _)| svc.ports & (1 << bit) != 0)
+        .map(|(_, (port, protocol))| json!({"port": port, "protocol": protocol}))
+        .collect();
+    spec.insert("ports".into(), Value::Array(ports));
+    if let Some(web) = svc.local {
+        spec.insert("externalTrafficPolicy".into(), json!("Local"));
+        spec.insert(
+            "selector".into(),
+            json!({"app": if web { "web" } else { "db" }}),
+        );
+    }
+    let mut object = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": Value::Object(metadata),
+        "spec": Value::Object(spec),
+    });
+    if let Some((status, _)) = svc.status {
+        let ingress: Vec<Value> = STATUSES
+            .get(usize::from(status))
+            .copied()
+            .unwrap_or_default()
+            .iter()
+            .map(|ip| json!({"ip": ip}))
+            .collect();
+        object["status"] = json!({"loadBalancer": {"ingress": ingress}});
+    }
+    object
+}
+
+fn allocation(index: u8) -> Option<Value> {
+    Some(match index {
+        1 => json!({"namespaces": ["a"]}),
+        2 => json!({"namespaceSelectors": [{"matchLabels": {"env": "prod"}}]}),
+        3 => json!({"priority": 1, "serviceSelectors": [{"matchLabels": {"app": "web"}}]}),
+        4 => json!({"priority": 2, "namespaces": ["b"]}),
+        5 => json!({"serviceSelectors": [{"matchExpressions": [
+            {"key": "app", "operator": "Contains", "values": ["web"]}]}]}),
+        6 => json!({}),
+        7 => json!({
+            "namespaceSelectors": [{"matchExpressions": [
+                {"key": "env", "operator": "In", "values": ["prod", "dev"]}]}],
+            "serviceSelectors": [{"matchExpressions": [
+                {"key": "app", "operator": "NotIn", "values": ["db"]}]}],
+        }),
+        _ => return None,
+    })
+}
+
+fn pool_object(
+    name: &str,
+    shape: u8,
+    auto_assign: Option<bool>,
+    avoid_buggy: Option<bool>,
+    allocation_index: u8,
+) -> Value {
+    let addresses = POOL_SHAPES
+        .get(usize::from(shape))
+        .copied()
+        .unwrap_or_default();
+    let mut spec = json!({ "addresses": addresses });
+    if let Some(auto_assign) = auto_assign {
+        spec["autoAssign"] = json!(auto_assign);
+    }
+    if let Some(avoid_buggy) = avoid_buggy {
+        spec["avoidBuggyIPs"] = json!(avoid_buggy);
+    }
+    if let Some(allocation) = allocation(allocation_index) {
+        spec["serviceAllocation"] = allocation;
+    }
+    json!({
+        "apiVersion": "metallb.io/v1beta1",
+        "kind": "IPAddressPool",
+        "metadata": {"name": name, "namespace": "metallb-system"},
+        "spec": spec,
+    })
+}
+
+fn namespace_object(name: &str, labels: u8) -> Value {
+    let mut object = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+    let labels = match labels {
+        1 => json!({"env": "prod"}),
+        2 => json!({"env": "dev"}),
+        3 => json!({"env": "prod", "team": "x"}),
+        _ => return object,
+    };
+    object["metadata"]["labels"] = labels;
+    object
+}
+
+fn verb(modified: bool) -> &'static str {
+    if modified {
+        "MODIFIED"
+    } else {
+        "ADDED"
+    }
+}
+
+fn render_op(op: &Op, lines: &[Line]) -> Line {
+    match op {
+        Op::Service { modified, svc } => Line::event(
+            verb(*modified),
+            service_object(svc),
+            Effect::UpsertService(service_key(svc.name, svc.namespace), service_object(svc)),
+        ),
+        Op::DeleteService { name, namespace } => {
+            let mut metadata = json!({"name": format!("s{name}")});
+            if let Some(ns) = namespace_of(*namespace) {
+                metadata["namespace"] = json!(ns);
+            }
+            Line::event(
+                "DELETED",
+                json!({"apiVersion": "v1", "kind": "Service", "metadata": metadata}),
+                Effect::DeleteService(service_key(*name, *namespace)),
+            )
+        }
+        Op::Pool {
+            modified,
+            name,
+            shape,
+            auto_assign,
+            avoid_buggy,
+            allocation,
+        } => {
+            let name = pool_name(*name);
+            let object = pool_object(name, *shape, *auto_assign, *avoid_buggy, *allocation);
+            Line::event(
+                verb(*modified),
+                object.clone(),
+                Effect::UpsertPool(name.to_owned(), object),
+            )
+        }
+        Op::DeletePool { name } => {
+            let name = pool_name(*name);
+            Line::event(
+                "DELETED",
+                json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+                       "metadata": {"name": name}}),
+                Effect::DeletePool(name.to_owned()),
+            )
+        }
+        Op::Namespace {
+            modified,
+            name,
+            labels,
+        } => {
+            let name = NAMESPACES.get(usize::from(*name)).copied().unwrap_or("a");
+            let object = namespace_object(name, *labels);
+            Line::event(
+                verb(*modified),
+                object.clone(),
+                Effect::UpsertNamespace(name.to_owned(), object),
+            )
+        }
+        Op::DeleteNamespace { name } => {
+            let name = NAMESPACES.get(usize::from(*name)).copied().unwrap_or("a");
+            Line::event(
+                "DELETED",
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+                Effect::DeleteNamespace(name.to_owned()),
+            )
+        }
+        Op::Repeat { back } => {
+            if lines.is_empty() {
+                return Line::plain("# nothing to repeat yet");
+            }
+            let back = usize::from(*back) % lines.len();
+            lines[lines.len() - 1 - back].clone()
+        }
+        Op::Noise(0) => Line::plain("# a comment"),
+        Op::Noise(1) => Line::plain(""),
+        Op::Noise(2) => Line::plain(
+            r#"{"type":"BOOKMARK","object":{"kind":"Service","apiVersion":"v1","metadata":{"resourceVersion":"12345"}}}"#,
+        ),
+        Op::Noise(3) => Line::plain(
+            r#"{"type":"ADDED","object":{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web","namespace":"a"}}}"#,
+        ),
+        Op::Noise(_) => Line::plain(r#"{"type":"SYNCED"}"#),
+    }
+}
+
+fn render_script(script: &Script) -> Vec<Line> {
+    let mut lines = Vec::new();
+    for &(name, shape) in &script.pools {
+        let op = Op::Pool {
+            modified: false,
+            name,
+            shape,
+            auto_assign: None,
+            avoid_buggy: None,
+            allocation: 0,
+        };
+        lines.push(render_op(&op, &lines));
+    }
+    for op in &script.initial {
+        let line = render_op(op, &lines);
+        lines.push(line);
+    }
+    if script.synced {
+        lines.push(Line::plain(r#"{"type":"SYNCED"}"#));
+    }
+    for op in &script.events {
+        let line = render_op(op, &lines);
+        lines.push(line);
+    }
+    lines
+}
+
+fn text_of(lines: &[Line]) -> String {
+    lines.iter().fold(String::new(), |mut text, line| {
+        let _ = writeln!(text, "{}", line.text);
+        text
+    })
+}
+
+/// The store as the stream leaves it (REPLAY.md §1.2), without what the
+/// controller writes.
+#[derive(Debug, Default)]
+struct Model {
+    /// Key → (the object that created it, the last object written).
+    services: BTreeMap<String, (Value, Value)>,
+    /// In creation order (a changed pool keeps its place).
+    pools: Vec<(String, Value)>,
+    namespaces: BTreeMap<String, Value>,
+}
+
+impl Model {
+    fn of(lines: &[Line]) -> Model {
+        let mut model = Model::default();
+        for line in lines {
+            match &line.effect {
+                Effect::None => {}
+                Effect::UpsertService(key, object) => {
+                    model
+                        .services
+                        .entry(key.clone())
+                        .and_modify(|(_, last)| *last = object.clone())
+                        .or_insert_with(|| (object.clone(), object.clone()));
+                }
+                Effect::DeleteService(key) => {
+                    model.services.remove(key);
+                }
+                Effect::UpsertPool(name, object) => {
+                    match model.pools.iter_mut().find(|(n, _)| n == name) {
+                        Some((_, stored)) => *stored = object.clone(),
+                        None => model.pools.push((name.clone(), object.clone())),
+                    }
+                }
+                Effect::DeletePool(name) => model.pools.retain(|(n, _)| n != name),
+                Effect::UpsertNamespace(name, object) => {
+                    model.namespaces.insert(name.clone(), object.clone());
+                }
+                Effect::DeleteNamespace(name) => {
+                    model.namespaces.remove(name);
+                }
+            }
+        }
+        model
+    }
+
+    /// Whether this controller (no `--lb-class`) handles the Service.
+    fn is_ours(&self, key: &str) -> bool {
+        self.services.get(key).is_some_and(|(_, last)| {
+            last["spec"]["type"] == "LoadBalancer"
+                && last["spec"]
+                    .get("loadBalancerClass")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+        })
+    }
+
+    /// The final store as a stream: Namespaces, pools in creation order,
+    /// Services with their final status and pool annotation from `result`,
+    /// then `SYNCED` (a restarted controller reading a cluster).
+    fn dump(&self, result: &ReplayResult) -> String {
+        let mut lines = Vec::new();
+        for object in self.namespaces.values() {
+            lines.push(json!({"type": "ADDED", "object": object}).to_string());
+        }
+        for (_, object) in &self.pools {
+            lines.push(json!({"type": "ADDED", "object": object}).to_string());
+        }
+        for (key, (created, last)) in &self.services {
+            let mut object = last.clone();
+            // Immutable: the store kept those of the creating line.
+            for field in ["ipFamilies", "ipFamilyPolicy", "clusterIP", "clusterIPs"] {
+                let spec = object["spec"].as_object_mut();
+                match (created["spec"].get(field), spec) {
+                    (Some(value), Some(spec)) => {
+                        spec.insert(field.to_owned(), value.clone());
+                    }
+                    (None, Some(spec)) => {
+                        spec.remove(field);
+                    }
+                    _ => {}
+                }
+            }
+            let object_map = object.as_object_mut();
+            let Some(object_map) = object_map else {
+                continue;
+            };
+            object_map.remove("status");
+            let found = result.services.iter().find(|s| &s.key == key);
+            let metadata = object_map
+                .entry("metadata")
+                .or_insert_with(|| json!({}))
+                .as_object_mut();
+            if let (Some(metadata), Some(found)) = (metadata, found) {
+                let annotations = metadata
+                    .entry("annotations")
+                    .or_insert_with(|| json!({}))
+                    .as_object_mut();
+                if let Some(annotations) = annotations {
+                    annotations.remove(POOL_ANNOTATION);
+                    if let Some(pool) = &found.pool {
+                        annotations.insert(POOL_ANNOTATION.to_owned(), json!(pool));
+                    }
+                }
+            }
+            if let Some(found) = found {
+                let ingress: Vec<Value> = found.ips.iter().map(|ip| json!({"ip": ip})).collect();
+                object_map.insert(
+                    "status".to_owned(),
+                    json!({"loadBalancer": {"ingress": ingress}}),
+                );
+            }
+            lines.push(json!({"type": "ADDED", "object": object}).to_string());
+        }
+        lines.push(r#"{"type":"SYNCED"}"#.to_owned());
+        lines.iter().fold(String::new(), |mut text, line| {
+            let _ = writeln!(text, "{line}");
+            text
+        })
+    }
+
+    /// Checks the final result on its own, without the controller's help:
+    /// an address of two Services is shared under §4.4 (same non-empty
+    /// sharing key, same backend, no port in common), and every pool's
+    /// `assigned` counts the distinct addresses that Services' statuses
+    /// name for it.
+    fn check_result(&self, result: &ReplayResult) -> Result<(), String> {
+        let mut holders: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        let mut per_pool: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for service in &result.services {
+            if !self.is_ours(&service.key) {
+                continue;
+            }
+            for ip in &service.ips {
+                holders.entry(ip).or_default().push(&service.key);
+                if let Some(pool) = &service.pool {
+                    per_pool.entry(pool).or_default().insert(ip);
+                }
+            }
+            if !service.ips.is_empty() && service.pool.is_none() {
+                return Err(format!(
+                    "{} holds {:?} without a pool",
+                    service.key, service.ips
+                ));
+            }
+        }
+        for (ip, keys) in &holders {
+            if keys.len() < 2 {
+                continue;
+            }
+            let sharing: Vec<(String, String)> =
+                keys.iter().map(|key| self.sharing_of(key)).collect();
+            let first = sharing.first().cloned().unwrap_or_default();
+            if first.0.is_empty() || sharing.iter().any(|s| *s != first) {
+                return Err(format!(
+                    "{ip} is held by {keys:?} with sharing/backend keys {sharing:?}"
+                ));
+            }
+            let mut ports = BTreeSet::new();
+            for key in keys {
+                for port in self.ports_of(key) {
+                    if !ports.insert(port.clone()) {
+                        return Err(format!("{ip} is held by {keys:?}, port {port} twice"));
+                    }
+                }
+            }
+        }
+        for pool in &result.pools {
+            let held = per_pool.get(pool.name.as_str());
+            let count = |v6: bool| {
+                held.map_or(0, |ips| {
+                    ips.iter().filter(|ip| ip.contains(':') == v6).count() as u128
+                })
+            };
+            if pool.ipv4.assigned != Count::from(count(false))
+                || pool.ipv6.assigned != Count::from(count(true))
+            {
+                return Err(format!(
+                    "pool {} counts {}/{} assigned, the statuses hold {:?}",
+                    pool.name, pool.ipv4.assigned, pool.ipv6.assigned, held
+                ));
+            }
+            if pool.ipv4.assigned > pool.ipv4.total || pool.ipv6.assigned > pool.ipv6.total {
+                return Err(format!("pool {} has more assigned than total", pool.name));
+            }
+        }
+        Ok(())
+    }
+
+    /// (sharing key in effect, backend key) of a Service.
+    fn sharing_of(&self, key: &str) -> (String, String) {
+        let Some((_, last)) = self.services.get(key) else {
+            return Default::default();
+        };
+        let annotations = &last["metadata"]["annotations"];
+        let sharing = annotations
+            .get("metallb.io/allow-shared-ip")
+            .or_else(|| annotations.get("metallb.universe.tf/allow-shared-ip"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        let backend = if last["spec"]["externalTrafficPolicy"] == "Local" {
+            last["spec"]["selector"].to_string()
+        } else {
+            String::new()
+        };
+        (sharing, backend)
+    }
+
+    fn ports_of(&self, key: &str) -> Vec<String> {
+        let Some((_, last)) = self.services.get(key) else {
+            return Vec::new();
+        };
+        last["spec"]["ports"]
+            .as_array()
+            .map(|ports| {
+                ports
+                    .iter()
+                    .map(|p| format!("{}/{}", p["port"], p["protocol"]))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+// ----- running -----
+
+/// Replays `text` on a runtime with a paused clock (retries take no time).
+fn replay(text: &str, options: &ReplayOptions) -> Result<ReplayOutput, ReplayError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .map_err(ReplayError::Runtime)?;
+    runtime.block_on(fake_watcher::replay("gen.jsonl", text.as_bytes(), options))
+}
+
+fn checked() -> ReplayOptions {
+    ReplayOptions::default().trace(true).check_invariants(true)
+}
+
+/// `key → (ips, pool)` of every LoadBalancer Service.
+fn addresses(result: &ReplayResult) -> BTreeMap<String, (Vec<String>, Option<String>)> {
+    result
+        .services
+        .iter()
+        .map(|s| (s.key.clone(), (s.ips.clone(), s.pool.clone())))
+        .collect()
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(64)
+}
+
+/// Runs `property` on `cases()` random scripts (and extra values from
+/// `extra`), prints how many ran, and fails with the shrunk stream.
+fn check<E: Strategy>(
+    name: &str,
+    extra: E,
+    property: impl Fn(&[Line], &E::Value) -> Result<(), String>,
+) where
+    E::Value: std::fmt::Debug,
+{
+    let config = Config {
+        cases: cases(),
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let ran = std::cell::Cell::new(0u32);
+    let outcome = runner.run(&(script_strategy(), extra), |(script, extra)| {
+        ran.set(ran.get() + 1);
+        let lines = render_script(&script);
+        property(&lines, &extra).map_err(|message| {
+            TestCaseError::fail(format!(
+                "{message}\nextra: {extra:?}\nstream:\n{}",
+                text_of(&lines)
+            ))
+        })
+    });
+    match outcome {
+        Ok(()) => eprintln!("property {name}: {} cases passed", cases()),
+        Err(error) => panic!(
+            "property {name} failed after {} cases (shrinking included): {error}",
+            ran.get()
+        ),
+    }
+}
+
+fn violations(output: &ReplayOutput) -> Result<(), String> {
+    if output.violations.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("invariants broken: {:?}", output.violations))
+    }
+}
+
+// ----- the properties -----
+
+/// §6 after every line, an independent check of the final result, and
+/// byte-identical replays.
+#[test]
+fn invariants_hold_and_replays_are_identical() {
+    // How many cases show each situation: evidence that the streams reach
+    // the rules they are meant to test.
+    let seen = std::cell::RefCell::new(BTreeMap::<String, u32>::new());
+    check(
+        "invariants_hold_and_replays_are_identical",
+        Just(()),
+        |lines, ()| {
+            let text = text_of(lines);
+            let first = replay(&text, &checked()).map_err(|e| format!("replay failed: {e}"))?;
+            violations(&first)?;
+            for situation in situations(lines, &first) {
+                *seen.borrow_mut().entry(situation).or_default() += 1;
+            }
+            Model::of(lines).check_result(&first.result)?;
+            let second = replay(&text, &checked()).map_err(|e| format!("replay failed: {e}"))?;
+            let json =
+                |output: &ReplayOutput| render_json(&output.result).map_err(|e| e.to_string());
+            if json(&first)? != json(&second)? {
+                return Err("two replays give different results".to_owned());
+            }
+            if first.trace != second.trace {
+                return Err("two replays give different traces".to_owned());
+            }
+            Ok(())
+        },
+    );
+    eprintln!("cases per situation: {:?}", seen.borrow());
+}
+
+/// The situations a case reached: each event reason, shared and dual-stack
+/// addresses, rejected pools, an initial list.
+fn situations(lines: &[Line], output: &ReplayOutput) -> BTreeSet<String> {
+    let result = &output.result;
+    let shared_on_the_way = output.trace.iter().any(|step| {
+        let mut seen = BTreeSet::new();
+        step.holdings
+            .iter()
+            .flat_map(|holding| &holding.ips)
+            .any(|ip| !seen.insert(ip))
+    });
+    let mut found: BTreeSet<String> = result.events.iter().map(|e| e.reason.clone()).collect();
+    let mut ips = BTreeSet::new();
+    for service in &result.services {
+        if service.ips.len() == 2 {
+            found.insert("dual-stack address".to_owned());
+        }
+        for ip in &service.ips {
+            if !ips.insert(ip) {
+                found.insert("shared address at the end".to_owned());
+            }
+        }
+    }
+    if shared_on_the_way {
+        found.insert("shared address after some line".to_owned());
+    }
+    if !ips.is_empty() {
+        found.insert("an address held at the end".to_owned());
+    }
+    if !result.rejected_pools.is_empty() {
+        found.insert("rejected pool".to_owned());
+    }
+    if lines.iter().any(|line| line.text.contains("SYNCED")) {
+        found.insert("SYNCED line".to_owned());
+    }
+    found
+}
+
+/// A restarted controller reading the final cluster keeps every address.
+#[test]
+fn a_restart_keeps_every_address() {
+    check("a_restart_keeps_every_address", Just(()), |lines, ()| {
+        let text = text_of(lines);
+        let before = replay(&text, &checked()).map_err(|e| format!("replay failed: {e}"))?;
+        violations(&before)?;
+        let dump = Model::of(lines).dump(&before.result);
+        let after = replay(&dump, &checked())
+            .map_err(|e| format!("replay of the restart failed: {e}\n{dump}"))?;
+        violations(&after).map_err(|e| format!("{e}\nrestart stream:\n{dump}"))?;
+        let after_addresses = addresses(&after.result);
+        for (key, (ips, pool)) in addresses(&before.result) {
+            if ips.is_empty() {
+                continue;
+            }
+            let restarted = after_addresses.get(&key);
+            if restarted != Some(&(ips.clone(), pool.clone())) {
+                return Err(format!(
+                    "{key} held {ips:?} from {pool:?}, after a restart {restarted:?}\n\
+                     restart stream:\n{dump}"
+                ));
+            }
+        }
+        Ok(())
+    });
+}
+
+/// Failed status writes (30% of attempts, conflicts or other errors) are
+/// retried to the very same addresses; no address is lost or given twice
+/// (clearing writes of Services that stop being ours included).
+#[test]
+fn failed_writes_converge_to_the_same_addresses() {
+    failed_writes_converge("failed_writes_converge_to_the_same_addresses");
+}
+
+fn failed_writes_converge(name: &str) {
+    check(
+        name,
+        (any::<u64>(), any::<bool>()),
+        |lines, &(seed, conflict)| {
+            let text = text_of(lines);
+            let plain =
+                replay(&text, &ReplayOptions::default()).map_err(|e| format!("replay: {e}"))?;
+            let plan = FailurePlan::seeded(seed, 30);
+            let plan = if conflict { plan } else { plan.failed() };
+            let failing = replay(&text, &checked().failures(plan))
+                .map_err(|e| format!("replay with failures: {e}"))?;
+            violations(&failing)?;
+            let model = Model::of(lines);
+            model.check_result(&failing.result)?;
+            let injected = failing
+                .trace
+                .iter()
+                .flat_map(|step| &step.writes)
+                .filter(|w| w.outcome == fake_watcher::WriteOutcome::Injected)
+                .count();
+            let (want, got) = (addresses(&plain.result), addresses(&failing.result));
+            if want != got {
+                let diff: Vec<String> = want
+                    .iter()
+                    .filter(|(key, value)| got.get(*key) != Some(value))
+                    .map(|(key, value)| format!("{key}: {value:?} vs {:?}", got.get(key)))
+                    .collect();
+                return Err(format!(
+                    "with {injected} injected failures the addresses differ: {diff:?}"
+                ));
+            }
+            Ok(())
+        },
+    );
+}
+
+/// A stream cut off in the middle of a line stops with an error naming
+/// that line; with `--keep-going` the rest of the stream is the same as if
+/// the line had never been there.
+#[test]
+fn a_stream_cut_mid_line_names_the_line() {
+    check(
+        "a_stream_cut_mid_line_names_the_line",
+        (any::<prop::sample::Index>(), any::<prop::sample::Index>()),
+        |lines, (which, at)| {
+            let events: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].is_event()).collect();
+            if events.is_empty() {
+                return Ok(());
+            }
+            let cut = *which.get(&events);
+            let line = &lines[cut].text;
+            // A strict, non-empty prefix of the line: never a JSON object.
+            let keep = 1 + at.index(line.len() - 1);
+            let head = text_of(&lines[..cut]);
+            let text = format!("{head}{}", &line[..keep]);
+            let number = cut as u64 + 1;
+            match replay(&text, &ReplayOptions::default()) {
+                Err(ReplayError::Stream(error)) => {
+                    let shown = error.to_string();
+                    let expected = format!("gen.jsonl:{number}: not JSON: EOF while parsing");
+                    if error.line != number
+                        || !matches!(error.error, LineError::Json { .. })
+                        || !shown.starts_with(&expected)
+                    {
+                        return Err(format!("cut at line {number}: {shown}"));
+                    }
+                }
+                other => return Err(format!("cut at line {number}: {other:?}")),
+            }
+            let skipped = replay(&text, &ReplayOptions::default().keep_going(true))
+                .map_err(|e| format!("keep-going: {e}"))?;
+            let lines_skipped: Vec<u64> = skipped.skipped.iter().map(|e| e.line).collect();
+            if lines_skipped != [number] {
+                return Err(format!("keep-going skipped {lines_skipped:?}"));
+            }
+            let without = replay(&head, &ReplayOptions::default())
+                .map_err(|e| format!("replay of the head: {e}"))?;
+            if skipped.result != without.result {
+                return Err("a skipped cut line changed the result".to_owned());
+            }
+            Ok(())
+        },
+    );
+}
+
+// ----- regressions found by these properties -----
+
+/// `web` holds 10.0.0.0, then stops being ours (`change` is the MODIFIED
+/// line's spec), and `next` asks for an address; the write that clears
+/// `web`'s status fails once. Returns every Service's addresses.
+fn stop_being_ours_with_a_failed_clear(
+    change: &str,
+    keep_annotation: bool,
+) -> BTreeMap<String, (Vec<String>, Option<String>)> {
+    let annotations = if keep_annotation {
+        r#","annotations":{"metallb.io/ip-allocated-from-pool":"p"}"#
+    } else {
+        ""
+    };
+    let text = format!(
+        "{}\n{}\n{}\n{}\n",
+        r#"{"type":"ADDED","object":{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{"name":"p"},"spec":{"addresses":["10.0.0.0/30"]}}}"#,
+        r#"{"type":"ADDED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"web","namespace":"ns"},"spec":{"type":"LoadBalancer","ports":[{"port":80}]}}}"#,
+        format_args!(
+            r#"{{"type":"MODIFIED","object":{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"web","namespace":"ns"{annotations}}},"spec":{change}}}}}"#
+        ),
+        r#"{"type":"ADDED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"next","namespace":"ns"},"spec":{"type":"LoadBalancer","ports":[{"port":80}]}}}"#,
+    );
+    // Write 1 gives web its address, write 2 (the clear) fails.
+    let options = checked().failures(FailurePlan::every(2));
+    let output = replay(&text, &options).unwrap();
+    assert_eq!(output.violations, Vec::new());
+    let writes: Vec<_> = output
+        .trace
+        .iter()
+        .flat_map(|step| &step.writes)
+        .map(|w| (w.key.as_str(), w.outcome))
+        .collect();
+    assert!(
+        writes.contains(&("ns/web", fake_watcher::WriteOutcome::Injected)),
+        "{writes:?}"
+    );
+    let mut all = addresses(&output.result);
+    // A ClusterIP Service is not in the result: read its status from the
+    // last write instead.
+    if !all.contains_key("ns/web") {
+        let last = output
+            .trace
+            .iter()
+            .flat_map(|step| &step.writes)
+            .rfind(|w| w.key == "ns/web" && w.outcome == fake_watcher::WriteOutcome::Written);
+        let ips = last.map(|w| w.ips.iter().map(ToString::to_string).collect());
+        all.insert("ns/web".to_owned(), (ips.unwrap_or_default(), None));
+    }
+    all
+}
+
+#[test]
+fn a_failed_clear_after_a_class_change_is_retried() {
+    let spec = r#"{"type":"LoadBalancer","loadBalancerClass":"other","ports":[{"port":80}]}"#;
+    for keep_annotation in [false, true] {
+        let all = stop_being_ours_with_a_failed_clear(spec, keep_annotation);
+        assert_eq!(
+            all.get("ns/web"),
+            Some(&(vec![], None)),
+            "annotation kept: {keep_annotation}; all: {all:?}"
+        );
+        assert_eq!(
+            all.get("ns/next"),
+            Some(&(vec!["10.0.0.0".to_owned()], Some("p".to_owned())))
+        );
+    }
+}
+
+#[test]
+fn a_failed_clear_after_a_type_change_is_retried() {
+    let spec = r#"{"type":"ClusterIP","ports":[{"port":80}]}"#;
+    for keep_annotation in [true, false] {
+        let all = stop_being_ours_with_a_failed_clear(spec, keep_annotation);
+        assert_eq!(
+            all.get("ns/web"),
+            Some(&(vec![], None)),
+            "annotation kept: {keep_annotation}; all: {all:?}"
+        );
+    }
+}
