@@ -345,20 +345,7 @@ impl AllocatingController {
                 }
             }
             Some(families) => {
-                let request = Request {
-                    key,
-                    subject: Subject {
-                        namespace: view.namespace,
-                        labels: view.labels,
-                        namespace_labels: labels_of(&namespace),
-                    },
-                    families,
-                    sharing_key: view.sharing_key,
-                    backend_key: &view.backend_key,
-                    ports: &view.ports,
-                    pool: view.pool,
-                    addresses: requested,
-                };
+                let request = view.request(key, families, labels_of(&namespace), requested);
                 // §4.4 step 1: keep what the status holds if still allowed.
                 let mut kept = false;
                 if !status_strings.is_empty() && !stale_status {
@@ -551,22 +538,9 @@ impl AllocatingController {
             (Err(reason), _) => Err(reason),
             (Ok(_), None) => Err("the service has no cluster IP".to_owned()),
             (Ok(ips), Some(families)) => {
-                let no_addresses: Vec<IpAddr> = Vec::new();
-                let request = Request {
-                    key,
-                    subject: Subject {
-                        namespace: view.namespace,
-                        labels: view.labels,
-                        namespace_labels: labels_of(&namespace),
-                    },
-                    families,
-                    sharing_key: view.sharing_key,
-                    backend_key: &view.backend_key,
-                    ports: &view.ports,
-                    pool: view.pool,
-                    // An invalid request keeps what it holds (§4.2).
-                    addresses: view.requested.as_ref().unwrap_or(&no_addresses),
-                };
+                // An invalid request keeps what it holds (§4.2).
+                let requested = view.requested.as_deref().unwrap_or_default();
+                let request = view.request(key, families, labels_of(&namespace), requested);
                 state
                     .allocator
                     .keep(&request, &ips)

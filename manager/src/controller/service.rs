@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use allocator::{Family, FamilyPolicy, Port, Protocol};
+use allocator::{Family, FamilyPolicy, Port, Protocol, Request, Subject};
 use k8s_openapi::api::core::v1::Service;
 
 use crate::client::POOL_ANNOTATION;
@@ -130,6 +130,33 @@ impl<'a> ServiceView<'a> {
             backend_key,
             ports,
             deprecated,
+        }
+    }
+}
+
+impl<'a> ServiceView<'a> {
+    /// The allocator's view of this Service, with `requested` addresses
+    /// and its Namespace's labels.
+    pub(crate) fn request(
+        &'a self,
+        key: &'a str,
+        families: FamilyPolicy,
+        namespace_labels: &'a BTreeMap<String, String>,
+        requested: &'a [IpAddr],
+    ) -> Request<'a> {
+        Request {
+            key,
+            subject: Subject {
+                namespace: self.namespace,
+                labels: self.labels,
+                namespace_labels,
+            },
+            families,
+            sharing_key: self.sharing_key,
+            backend_key: &self.backend_key,
+            ports: &self.ports,
+            pool: self.pool,
+            addresses: requested,
         }
     }
 }
