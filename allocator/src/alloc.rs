@@ -65,8 +65,8 @@ pub struct PoolChange {
 struct PoolObject {
     name: String,
     parsed: Result<Pool, PoolError>,
-    /// `metadata.creationTimestamp` (RFC 3339, which sorts as text), if known.
-    created: Option<String>,
+    /// `metadata.creationTimestamp` in nanoseconds since the epoch, if known.
+    created: Option<i128>,
     /// Arrival order: the creation order of pools without a timestamp, and
     /// the tie-break of equal ones.
     seq: u64,
@@ -268,21 +268,21 @@ impl Allocator {
     }
 
     /// [`Allocator::set_pool`] for a pool whose `metadata.creationTimestamp`
-    /// is known: pools are ordered by it (so the older of two overlapping
+    /// (nanoseconds since the epoch) is known: pools are ordered by it (so the older of two overlapping
     /// pools stays whatever order a host lists them in), pools without one
     /// after those with one, in arrival order.
     pub fn set_pool_created(
         &mut self,
         name: &str,
         spec: &IPAddressPoolSpec,
-        created: Option<&str>,
+        created: Option<i128>,
     ) -> PoolChange {
         let parsed = Pool::parse(name, spec);
         match self.objects.iter_mut().find(|object| object.name == name) {
             Some(object) => {
                 object.parsed = parsed;
                 if created.is_some() {
-                    object.created = created.map(str::to_owned);
+                    object.created = created;
                 }
             }
             None => {
@@ -291,7 +291,7 @@ impl Allocator {
                 self.objects.push(PoolObject {
                     name: name.to_owned(),
                     parsed,
-                    created: created.map(str::to_owned),
+                    created,
                     seq,
                 });
             }

@@ -14,7 +14,8 @@ use dashmap::DashMap;
 use k8s_openapi::api::core::v1::{
     LoadBalancerIngress, LoadBalancerStatus, Namespace, Service, ServiceSpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use manager::{ClientError, DashMapStore, ServiceWrite, POOL_ANNOTATION};
 use subscriber::IPAddressPool;
 
@@ -79,6 +80,9 @@ pub struct ReplayStore {
 struct State {
     resource_version: u64,
     uids: u64,
+    /// The store's clock for `creationTimestamp`: one second per created
+    /// object, never behind a timestamp a line gave.
+    clock: Timestamp,
     ipv4: ClusterIpRange,
     ipv6: ClusterIpRange,
 }
@@ -97,6 +101,7 @@ impl ReplayStore {
             state: Mutex::new(State {
                 resource_version: 0,
                 uids: 0,
+                clock: Timestamp::UNIX_EPOCH,
                 ipv4: ClusterIpRange::ipv4(),
                 ipv6: ClusterIpRange::ipv6(),
             }),
@@ -376,6 +381,7 @@ fn upsert_plain<T: Meta>(
             if meta.uid.as_deref().is_none_or(str::is_empty) {
                 meta.uid = Some(state.next_uid());
             }
+            meta.creation_timestamp = Some(state.created_at(meta.creation_timestamp.as_ref()));
         }
     }
     meta.resource_version = Some(state.next_version());
@@ -422,6 +428,21 @@ fn family_of(ip: IpAddr) -> &'static str {
 }
 
 impl State {
+    /// The creation time of a new object: after every object seen so far
+    /// (as an API server's clock only moves forward), so pools are ordered
+    /// by creation even when their events reach the manager coalesced.
+    fn created_at(&mut self, given: Option<&Time>) -> Time {
+        let time = match given {
+            Some(Time(given)) => (*given).max(self.clock),
+            None => self
+                .clock
+                .checked_add(SignedDuration::from_secs(1))
+                .unwrap_or(self.clock),
+        };
+        self.clock = time;
+        Time(given.map_or(time, |Time(given)| *given))
+    }
+
     fn next_version(&mut self) -> String {
         self.resource_version = self.resource_version.saturating_add(1);
         self.resource_version.to_string()

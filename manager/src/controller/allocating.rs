@@ -707,10 +707,8 @@ impl Controller for AllocatingController {
                         .metadata
                         .creation_timestamp
                         .as_ref()
-                        .map(|t| t.0.to_string());
-                    state
-                        .allocator
-                        .set_pool_created(name, &pool.spec, created.as_deref())
+                        .map(|t| t.0.as_nanosecond());
+                    state.allocator.set_pool_created(name, &pool.spec, created)
                 }
                 None => state.allocator.remove_pool(name),
             };
