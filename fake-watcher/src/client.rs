@@ -304,13 +304,6 @@ impl Client for MemoryClient {
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
-
     use super::*;
 
     #[test]

@@ -147,13 +147,6 @@ pub fn parse_legacy_config(file: &str, text: &str) -> Result<Vec<IPAddressPool>,
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
-
     use super::*;
 
     #[test]

@@ -133,13 +133,6 @@ impl Write for Spool {
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
-
     use std::io::Read;
 
     use super::*;

@@ -137,13 +137,6 @@ pub fn render_table(result: &ReplayResult) -> String {
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
-
     use super::*;
     use crate::client::EventRecord;
     use crate::result::{

@@ -632,13 +632,6 @@ fn service_result(key: String, service: &Service) -> ServiceResult {
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
-
     use serde_json::{json, Value};
 
     use super::*;

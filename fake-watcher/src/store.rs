@@ -663,13 +663,6 @@ impl ClusterIpRange {
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
-
     use serde_json::json;
 
     use super::*;

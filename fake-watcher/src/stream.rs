@@ -737,13 +737,6 @@ fn decode_ref(kind: Kind, object: Map<String, Value>) -> Result<ObjectRef, LineE
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
-
     use super::*;
 
     fn errors(text: &str) -> Vec<String> {

@@ -116,13 +116,6 @@ pub fn crd_yaml() -> Result<String, CrdError> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
-
     use allocator::AddressCount;
     use serde_json::json;
 

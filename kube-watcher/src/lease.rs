@@ -448,13 +448,6 @@ impl<B: LeaseBackend> LeaderElector<B> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
-
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;

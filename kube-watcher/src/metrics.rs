@@ -298,13 +298,6 @@ pub async fn serve(listener: TcpListener, metrics: Metrics, cancel: Cancellation
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
-
     use super::*;
 
     #[test]

@@ -376,13 +376,6 @@ pub async fn record<W: Write>(
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
-
     use super::*;
 
     fn object(kind: &str, namespace: Option<&str>, name: &str, rv: &str) -> (String, Value) {

@@ -119,13 +119,6 @@ impl NamespaceHandler for NamespaceChain {
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
-
     use std::sync::Mutex;
 
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -70,13 +70,6 @@ fn name_of<'a>(metadata: &'a ObjectMeta, kind: &'static str) -> Result<&'a str, 
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
-
     use super::*;
 
     fn meta(namespace: Option<&str>, name: Option<&str>) -> ObjectMeta {
