@@ -29,7 +29,7 @@
 //! - memory: the allocator's live bytes per held address, from a counting
 //!   global allocator, and the restart's peak RSS.
 //!
-//! Hidden flags: `--only NAME` runs one scenario and `--sizes N,N,...`
+//! Hidden flags: `--only NAME[,NAME...]` runs only those scenarios and `--sizes N,N,...`
 //! replaces the sizes (for profiling); `--child-restart N PATH` is the child
 //! process of `restart`.
 
@@ -44,8 +44,8 @@ use std::time::{Duration, Instant};
 use allocator::spec::IPAddressPoolSpec;
 use allocator::{Allocator, Family, FamilyPolicy, Port, Protocol, Request, Subject};
 use fake_watcher::{
-    decode_event, replay_blocking, Change, Delta, Kind, MemoryClient, ObjectRef, ReplayOptions,
-    ReplayStore, StreamReader, WatchEvent,
+    decode_event, replay_blocking, replay_pipelined, Change, Delta, Kind, MemoryClient, ObjectRef,
+    ReplayOptions, ReplayStore, StreamReader, WatchEvent,
 };
 use manager::{AllocatingController, Client, ControllerConfig, Manager, ManagerConfig};
 use subscriber::{PoolChain, PoolHandler, ServiceChain, ServiceHandler};
@@ -59,8 +59,8 @@ static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::Syste
 type Error = Box<dyn std::error::Error>;
 type Result<T, E = Error> = std::result::Result<T, E>;
 
-const USAGE: &str = "usage: scaling [--quick] [--json PATH] [--only SCENARIO]
-scenarios: alloc_v4 alloc_v6 alloc_shared restart replay decode_only mass_delete memory";
+const USAGE: &str = "usage: scaling [--quick] [--json PATH] [--only SCENARIO[,SCENARIO...]]
+scenarios: alloc_v4 alloc_v6 alloc_shared restart replay replay_one_thread decode_only\n  mass_delete memory";
 
 /// The pool of every IPv4 scenario but `mass_delete`: 2^20 addresses.
 const POOL_V4: &str = "172.16.0.0/12";
@@ -271,7 +271,12 @@ fn run(options: Options) -> Result<bool> {
         None if options.quick => &[1_000, 10_000],
         None => &[1_000, 10_000, 100_000],
     };
-    let selected = |name: &str| options.only.as_deref().is_none_or(|only| only == name);
+    let selected = |name: &str| {
+        options
+            .only
+            .as_deref()
+            .is_none_or(|only| only.split(',').any(|only| only == name))
+    };
     let mut report = Report::default();
     println!(
         "scaling benchmarks ({} mode), sizes {}",
@@ -294,10 +299,15 @@ fn run(options: Options) -> Result<bool> {
             restart_scenario(report, sizes)
         });
     }
-    if selected("replay") || selected("decode_only") {
+    if selected("replay") || selected("decode_only") || selected("replay_one_thread") {
         let n = sizes.last().copied().unwrap_or(1_000);
         step(&mut report, "replay", |report| {
-            replay_scenario(report, n, selected("replay"), selected("decode_only"))
+            let which = ReplayScenarios {
+                pipelined: selected("replay"),
+                one_thread: selected("replay_one_thread"),
+                decode: selected("decode_only"),
+            };
+            replay_scenario(report, n, which)
         });
     }
     if selected("mass_delete") {
@@ -890,7 +900,7 @@ fn child_restart(args: &[String]) -> Result<()> {
     let start_hwm = peak_rss_kb()?;
     let start = Instant::now();
     let file = std::fs::File::open(path)?;
-    let output = replay_blocking(
+    let output = replay_pipelined(
         "restart",
         BufReader::new(file),
         &ReplayOptions::default(),
@@ -920,7 +930,23 @@ fn child_restart(args: &[String]) -> Result<()> {
 
 // ----- replay and decode_only -----
 
-fn replay_scenario(report: &mut Report, n: usize, replay: bool, decode: bool) -> Result<()> {
+/// Which of the replay scenarios run.
+struct ReplayScenarios {
+    /// `replay`: as `fake-watcher replay` runs, decoding on a thread of its
+    /// own.
+    pipelined: bool,
+    /// `replay_one_thread`: decoding on the replay's thread.
+    one_thread: bool,
+    /// `decode_only`.
+    decode: bool,
+}
+
+fn replay_scenario(report: &mut Report, n: usize, which: ReplayScenarios) -> Result<()> {
+    let ReplayScenarios {
+        pipelined: replay,
+        one_thread,
+        decode,
+    } = which;
     let (stream, lines) = mixed_stream(n, REPLAY_SEED)?;
     let size = size_name(n);
     let mut decode_rate = None;
@@ -954,10 +980,40 @@ fn replay_scenario(report: &mut Report, n: usize, replay: bool, decode: bool) ->
             met: None,
         });
     }
-    if replay {
+    // On one thread first: the pipelined replay frees its state in the
+    // background, which must not overlap another measurement.
+    let mut one_thread_result = None;
+    if one_thread {
         let start = Instant::now();
         let output = replay_blocking("replay", &stream[..], &ReplayOptions::default(), &mut ())?;
         let elapsed = start.elapsed();
+        let per_second = lines as f64 / elapsed.as_secs_f64();
+        report.number("replay_one_thread_events_per_s", per_second);
+        report.rows.push(Row {
+            name: "replay_one_thread".to_owned(),
+            n: format!("{size} events"),
+            total: human(elapsed.as_secs_f64()),
+            rate: format!(
+                "{} events ({:.2} us/event), decoding on the same thread",
+                rate(per_second),
+                1e6 / per_second
+            ),
+            target: decode_rate
+                .map(|decode| format!("(ratio {:.3})", per_second / decode))
+                .unwrap_or_default(),
+            met: None,
+        });
+        one_thread_result = Some(output.result);
+    }
+    if replay {
+        // As `fake-watcher replay` runs: decoding on a thread of its own.
+        let input = std::io::Cursor::new(stream.clone());
+        let start = Instant::now();
+        let output = replay_pipelined("replay", input, &ReplayOptions::default(), &mut ())?;
+        let elapsed = start.elapsed();
+        if one_thread_result.is_some_and(|one| one != output.result) {
+            return Err("the replay on one thread gave another result".into());
+        }
         let pending = output
             .result
             .services

@@ -138,9 +138,11 @@ pub struct EventRecord {
     pub message: String,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Log {
     attempts: u64,
+    /// Whether `writes` is kept (a trace needs it; a plain replay does not).
+    keep_writes: bool,
     writes: Vec<WriteRecord>,
     events: Vec<EventRecord>,
 }
@@ -177,7 +179,12 @@ impl MemoryClient {
             store,
             services: OnceLock::new(),
             failures,
-            log: Mutex::new(Log::default()),
+            log: Mutex::new(Log {
+                attempts: 0,
+                keep_writes: true,
+                writes: Vec::new(),
+                events: Vec::new(),
+            }),
             limit: AtomicU64::new(u64::MAX),
             overrun: watch::Sender::new(false),
         }
@@ -213,6 +220,14 @@ impl MemoryClient {
         self.log.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Stops recording writes (`writes` and `since` then show none): a
+    /// replay without a trace has no use for them.
+    pub fn forget_writes(&self) {
+        let mut log = self.log();
+        log.keep_writes = false;
+        log.writes = Vec::new();
+    }
+
     /// Every write so far, in order.
     pub fn writes(&self) -> Vec<WriteRecord> {
         self.log().writes.clone()
@@ -221,6 +236,12 @@ impl MemoryClient {
     /// Every Event so far, in order.
     pub fn events(&self) -> Vec<EventRecord> {
         self.log().events.clone()
+    }
+
+    /// Every Event so far, in order, taken out of the log (which starts
+    /// afresh).
+    pub fn take_events(&self) -> Vec<EventRecord> {
+        std::mem::take(&mut self.log().events)
     }
 
     /// How many writes and Events there are so far (a mark for
@@ -240,7 +261,11 @@ impl MemoryClient {
     }
 
     fn record(&self, key: &str, write: &ServiceWrite, outcome: WriteOutcome) {
-        self.log().writes.push(WriteRecord {
+        let mut log = self.log();
+        if !log.keep_writes {
+            return;
+        }
+        log.writes.push(WriteRecord {
             key: key.to_owned(),
             ips: write.ingress.clone(),
             pool: write.pool.clone(),

@@ -13,7 +13,7 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use crate::{
-    load_legacy_config, render_json, replay_blocking, HoldingRecord, ReplayOptions, ReplayOutput,
+    load_legacy_config, render_json, replay_pipelined, HoldingRecord, ReplayOptions, ReplayOutput,
 };
 
 /// Where the corpus lives, relative to the workspace root.
@@ -107,7 +107,7 @@ fn render_once(path: &Path) -> String {
         Ok(file) => BufReader::new(file),
         Err(error) => return format!("cannot open {}: {error}\n", path.display()),
     };
-    match replay_blocking(&name, reader, &options, &mut ()) {
+    match replay_pipelined(&name, reader, &options, &mut ()) {
         Ok(output) => render_output(&output),
         Err(error) => format!("== replay stopped ==\n{error}\n"),
     }

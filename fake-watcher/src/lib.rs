@@ -1,7 +1,8 @@
 //! Replays recorded Kubernetes watch streams through the allocator plugin,
 //! offline and deterministically (REPLAY.md is the contract).
 //!
-//! Start with [`replay`] (or [`replay_blocking`]): it reads a JSON Lines
+//! Start with [`replay`] (or [`replay_blocking`], or [`replay_pipelined`],
+//! which decodes on a thread of its own): it reads a JSON Lines
 //! stream once, line by line ([`StreamReader`]), applies each line to a
 //! [`ReplayStore`] that behaves as an API server, delivers the resulting
 //! event to the subscriber chains on which a `manager::Manager` is
@@ -21,6 +22,7 @@ mod lookahead;
 mod output;
 mod replay;
 mod result;
+mod source;
 mod store;
 mod stream;
 
@@ -29,8 +31,8 @@ pub use config::{load_legacy_config, parse_legacy_config, ConfigError};
 pub use lookahead::SPOOL_MEMORY_BYTES;
 pub use output::{render, render_json, render_table, render_yaml, OutputError, OutputFormat};
 pub use replay::{
-    replay, replay_blocking, replay_with, Observer, ReplayError, ReplayOptions, ReplayOutput,
-    WRITES_PER_LINE, WRITES_PER_SERVICE,
+    replay, replay_blocking, replay_pipelined, replay_with, Observer, ReplayError, ReplayOptions,
+    ReplayOutput, WRITES_PER_LINE, WRITES_PER_SERVICE,
 };
 pub use result::{
     Count, FamilyResult, HoldingRecord, PoolResult, RejectedPoolResult, ReplayResult,

@@ -32,7 +32,7 @@ pub(crate) enum LookaheadError {
 /// The bytes read ahead, to be read again.
 pub(crate) struct Lookahead {
     /// The bytes, from the start of the stream.
-    pub(crate) reader: Box<dyn BufRead>,
+    pub(crate) reader: Box<dyn BufRead + Send>,
     /// Whether they end with a SYNCED line (else they are the whole stream).
     pub(crate) synced: bool,
 }
@@ -100,7 +100,7 @@ impl Spool {
         Ok(())
     }
 
-    fn into_reader(self) -> io::Result<Box<dyn BufRead>> {
+    fn into_reader(self) -> io::Result<Box<dyn BufRead + Send>> {
         match self.file {
             None => Ok(Box::new(Cursor::new(self.memory))),
             Some(writer) => {

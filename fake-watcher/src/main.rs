@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fake_watcher::{
-    load_legacy_config, render, replay_blocking, Observer, OutputFormat, ReplayError,
+    load_legacy_config, render, replay_pipelined, Observer, OutputFormat, ReplayError,
     ReplayOptions, StreamError,
 };
 use tracing_subscriber::EnvFilter;
@@ -128,8 +128,11 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
             }
         }
     }
-    let (name, reader): (String, Box<dyn BufRead>) = if args.stream.as_os_str() == "-" {
-        ("<stdin>".to_owned(), Box::new(io::stdin().lock()))
+    let (name, reader): (String, Box<dyn BufRead + Send>) = if args.stream.as_os_str() == "-" {
+        (
+            "<stdin>".to_owned(),
+            Box::new(BufReader::with_capacity(1 << 16, io::stdin())),
+        )
     } else {
         let name = args.stream.display().to_string();
         match File::open(&args.stream) {
@@ -144,7 +147,7 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
         progress: io::stderr().is_terminal(),
         shown: false,
     };
-    let replayed = replay_blocking(&name, reader, &options, &mut reporter);
+    let replayed = replay_pipelined(&name, reader, &options, &mut reporter);
     reporter.clear();
     let output = match replayed {
         Ok(output) => output,

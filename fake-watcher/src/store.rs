@@ -198,7 +198,7 @@ impl ReplayStore {
                         state.release(ip);
                     }
                 }
-                Change::Service(Delta::Deleted(with_version(&mut state, &old)))
+                Change::Service(Delta::Deleted(with_version(&mut state, old)))
             }
             Kind::Pool => Change::Pool(delete_plain(&mut state, &self.cache.pools, &key)),
             Kind::Namespace => {
@@ -302,11 +302,11 @@ impl ReplayStore {
             }
             Some(old) => {
                 // Immutable here: the stored ones stay.
-                let stored = old.spec.clone().unwrap_or_default();
-                spec.cluster_ip = stored.cluster_ip;
-                spec.cluster_ips = stored.cluster_ips;
-                spec.ip_families = stored.ip_families;
-                spec.ip_family_policy = stored.ip_family_policy;
+                let stored = old.spec.as_ref();
+                spec.cluster_ip = stored.and_then(|s| s.cluster_ip.clone());
+                spec.cluster_ips = stored.and_then(|s| s.cluster_ips.clone());
+                spec.ip_families = stored.and_then(|s| s.ip_families.clone());
+                spec.ip_family_policy = stored.and_then(|s| s.ip_family_policy.clone());
                 keep_identity(&mut service.metadata, &old.metadata);
                 if !has_status {
                     service.status = old.status.clone();
@@ -395,14 +395,15 @@ fn upsert_plain<T: Meta>(
 
 fn delete_plain<T: Meta>(state: &mut State, map: &DashMap<String, Arc<T>>, key: &str) -> Delta<T> {
     match map.remove(key) {
-        Some((_, old)) => Delta::Deleted(with_version(state, &old)),
+        Some((_, old)) => Delta::Deleted(with_version(state, old)),
         None => Delta::Unchanged,
     }
 }
 
-/// A copy of a deleted object with the delete's `resourceVersion`.
-fn with_version<T: Meta>(state: &mut State, object: &Arc<T>) -> Arc<T> {
-    let mut object = T::clone(object);
+/// A deleted object with the delete's `resourceVersion` (copied only if
+/// someone else still holds it).
+fn with_version<T: Meta>(state: &mut State, object: Arc<T>) -> Arc<T> {
+    let mut object = Arc::unwrap_or_clone(object);
     object.meta_mut().resource_version = Some(state.next_version());
     Arc::new(object)
 }

@@ -1,0 +1,275 @@
+//! Where a replay's lines come from: the stream read ahead to its first
+//! `SYNCED` line (see the `lookahead` module), then decoded one line at a
+//! time, either on the replay's own thread or on a thread of its own that
+//! runs ahead of the replay.
+//!
+//! Decoding a line costs about as much as applying it, and the two do not
+//! depend on each other (a line's meaning never depends on the replay's
+//! state), so on a machine with two cores a decoding thread takes the
+//! decoding off the replay's path. The replay sees the same reads in the
+//! same order either way.
+
+use std::io::{BufRead, Read as _};
+
+use tokio::sync::mpsc;
+
+use crate::lookahead::{read_to_synced, LookaheadError};
+use crate::replay::ReplayError;
+use crate::stream::{LineError, Record, StreamError, StreamReader};
+
+/// One step of reading a stream.
+#[derive(Debug)]
+pub(crate) enum Read {
+    /// First: whether the stream has a `SYNCED` line, or why looking
+    /// ahead failed (nothing follows then).
+    Lookahead(Result<bool, ReplayError>),
+    /// An event line, or a bad one.
+    Record(Result<Record, StreamError>),
+    /// Last: the number of the last line read.
+    End(u64),
+}
+
+/// How a stream is read: the settings of the replay that matter here.
+#[derive(Clone, Debug)]
+pub(crate) struct ReadOptions {
+    pub(crate) file: String,
+    pub(crate) max_line_bytes: usize,
+    pub(crate) spool_memory_bytes: usize,
+}
+
+/// The reads of a stream, in order.
+pub(crate) struct Reads<R: BufRead> {
+    options: ReadOptions,
+    state: State<R>,
+}
+
+enum State<R: BufRead> {
+    Start(R),
+    Records(StreamReader<std::io::Chain<Box<dyn BufRead + Send>, R>>),
+    Done,
+}
+
+impl<R: BufRead> Reads<R> {
+    pub(crate) fn new(reader: R, options: ReadOptions) -> Self {
+        Self {
+            options,
+            state: State::Start(reader),
+        }
+    }
+}
+
+impl<R: BufRead> Iterator for Reads<R> {
+    type Item = Read;
+
+    fn next(&mut self) -> Option<Read> {
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::Start(mut reader) => {
+                let options = &self.options;
+                match read_to_synced(
+                    &mut reader,
+                    options.max_line_bytes,
+                    options.spool_memory_bytes,
+                ) {
+                    Ok(lookahead) => {
+                        let stream =
+                            StreamReader::new(options.file.clone(), lookahead.reader.chain(reader))
+                                .max_line_bytes(options.max_line_bytes);
+                        self.state = State::Records(stream);
+                        Some(Read::Lookahead(Ok(lookahead.synced)))
+                    }
+                    Err(error) => Some(Read::Lookahead(Err(match error {
+                        LookaheadError::Read { line, error } => ReplayError::Stream(StreamError {
+                            file: options.file.clone(),
+                            line,
+                            error: LineError::Io(error),
+                        }),
+                        LookaheadError::Spool(error) => ReplayError::Spool(error),
+                    }))),
+                }
+            }
+            State::Records(mut stream) => match stream.next_record() {
+                Some(record) => {
+                    self.state = State::Records(stream);
+                    Some(Read::Record(record))
+                }
+                None => Some(Read::End(stream.line())),
+            },
+            State::Done => None,
+        }
+    }
+}
+
+/// Reads handed over at once (one wake-up of the replay per batch, not per
+/// line).
+const BATCH: usize = 64;
+/// Batches decoded ahead of the replay at most.
+const BATCHES_AHEAD: usize = 16;
+
+/// The reads as the replay takes them.
+pub(crate) enum Source<'a> {
+    /// Read and decoded on the replay's thread.
+    Here(Box<dyn Iterator<Item = Read> + 'a>),
+    /// Read and decoded by a thread of its own.
+    Thread {
+        batches: mpsc::Receiver<Vec<Read>>,
+        batch: std::vec::IntoIter<Read>,
+    },
+}
+
+impl Source<'_> {
+    /// The reads of `reader`, made by a new thread that runs ahead of the
+    /// replay. The thread ends when the reads do or when the source is
+    /// dropped (after the line it is reading, if any, is read).
+    pub(crate) fn thread<R>(reader: R, options: ReadOptions) -> std::io::Result<Source<'static>>
+    where
+        R: BufRead + Send + 'static,
+    {
+        let (sender, batches) = mpsc::channel(BATCHES_AHEAD);
+        std::thread::Builder::new()
+            .name("replay-decoder".to_owned())
+            .spawn(move || {
+                let mut reads = Reads::new(reader, options);
+                loop {
+                    let batch: Vec<Read> = reads.by_ref().take(BATCH).collect();
+                    if batch.is_empty() || sender.blocking_send(batch).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Source::Thread {
+            batches,
+            batch: Vec::new().into_iter(),
+        })
+    }
+
+    /// The next read; `None` after the last.
+    pub(crate) async fn next(&mut self) -> Option<Read> {
+        match self {
+            Source::Here(reads) => reads.next(),
+            Source::Thread { batches, batch } => loop {
+                if let Some(read) = batch.next() {
+                    return Some(read);
+                }
+                *batch = batches.recv().await?.into_iter();
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> ReadOptions {
+        ReadOptions {
+            file: "s.jsonl".to_owned(),
+            max_line_bytes: 1 << 20,
+            spool_memory_bytes: 1 << 20,
+        }
+    }
+
+    /// The reads as text, to compare.
+    fn shown(read: &Read) -> String {
+        match read {
+            Read::Lookahead(result) => format!("lookahead {:?}", result.as_ref().ok()),
+            Read::Record(Ok(record)) => format!("{} {:?}", record.line, record.event.event_type()),
+            Read::Record(Err(error)) => error.to_string(),
+            Read::End(line) => format!("end {line}"),
+        }
+    }
+
+    fn stream(lines: usize) -> String {
+        let mut text = String::new();
+        for i in 0..lines {
+            if i == lines / 2 {
+                text.push_str("{\"type\":\"SYNCED\"}\n");
+            } else if i % 7 == 3 {
+                text.push_str("not json\n");
+            } else {
+                text.push_str(&format!(
+                    "{{\"type\":\"ADDED\",\"object\":{{\"apiVersion\":\"v1\",\"kind\":\"Namespace\",\"metadata\":{{\"name\":\"n{i}\"}}}}}}\n"
+                ));
+            }
+        }
+        text
+    }
+
+    #[tokio::test]
+    async fn a_decoding_thread_reads_what_the_replay_thread_reads() {
+        // More lines than a batch holds, and more than the channel holds.
+        let text = stream(BATCH * BATCHES_AHEAD * 2 + 5);
+        let here: Vec<String> = Reads::new(text.as_bytes(), options())
+            .map(|read| shown(&read))
+            .collect();
+        let mut source = Source::thread(std::io::Cursor::new(text.clone()), options()).unwrap();
+        let mut threaded = Vec::new();
+        while let Some(read) = source.next().await {
+            threaded.push(shown(&read));
+        }
+        assert_eq!(threaded, here);
+        assert_eq!(
+            here.first().map(String::as_str),
+            Some("lookahead Some(true)")
+        );
+        assert!(
+            here.iter().any(|read| read.contains("s.jsonl:4:")),
+            "{here:?}"
+        );
+        assert_eq!(
+            here.last(),
+            Some(&format!("end {}", BATCH * BATCHES_AHEAD * 2 + 5))
+        );
+    }
+
+    /// A reader that tells when it is dropped (when the thread ends).
+    struct Watched(
+        std::io::Cursor<String>,
+        std::sync::Arc<std::sync::atomic::AtomicBool>,
+    );
+
+    impl std::io::Read for Watched {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.0.read(buf)
+        }
+    }
+
+    impl BufRead for Watched {
+        fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+            self.0.fill_buf()
+        }
+        fn consume(&mut self, amount: usize) {
+            self.0.consume(amount);
+        }
+    }
+
+    impl Drop for Watched {
+        fn drop(&mut self) {
+            self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn dropping_the_source_stops_the_thread() {
+        let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = Watched(
+            std::io::Cursor::new(stream(BATCH * BATCHES_AHEAD * 4)),
+            std::sync::Arc::clone(&ended),
+        );
+        let mut source = Source::thread(reader, options()).unwrap();
+        assert!(matches!(
+            source.next().await,
+            Some(Read::Lookahead(Ok(true)))
+        ));
+        // The thread is now blocked on the full channel, its reader alive.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!ended.load(std::sync::atomic::Ordering::SeqCst));
+        drop(source);
+        for _ in 0..500 {
+            if ended.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the decoding thread did not end");
+    }
+}
