@@ -464,6 +464,12 @@ impl Allocator {
         })
     }
 
+    /// What the Service `key` holds, borrowed: its pool and addresses (IPv4
+    /// first). For checks that must not copy.
+    pub fn held(&self, key: &str) -> Option<(&str, &[IpAddr])> {
+        self.services.get(key).map(|held| (&*held.pool, &*held.ips))
+    }
+
     /// Every holding, sorted by key.
     pub fn holdings(&self) -> Vec<(String, Holding)> {
         let mut all: Vec<(String, Holding)> = self

@@ -69,6 +69,9 @@ pub struct ReplayOptions {
     pub writes_per_line: u64,
     /// Default [`WRITES_PER_SERVICE`].
     pub writes_per_service: u64,
+    /// Reconcile settled Services too (`ControllerConfig::exhaustive`):
+    /// the same output, slower; for tests.
+    pub exhaustive: bool,
 }
 
 impl Default for ReplayOptions {
@@ -85,6 +88,7 @@ impl Default for ReplayOptions {
             manager: ManagerConfig::default(),
             writes_per_line: WRITES_PER_LINE,
             writes_per_service: WRITES_PER_SERVICE,
+            exhaustive: false,
         }
     }
 }
@@ -432,6 +436,7 @@ impl Host {
         }
         let config = ControllerConfig {
             lb_class: options.lb_class.clone(),
+            exhaustive: options.exhaustive,
         };
         let controller = Arc::new(AllocatingController::new(
             Arc::clone(&cache) as Arc<dyn Store>,

@@ -422,6 +422,7 @@ async fn start_term(shared: &Arc<Shared>, term: &CancellationToken) -> JoinHandl
         client as Arc<dyn Client>,
         ControllerConfig {
             lb_class: shared.config.lb_class.clone(),
+            ..ControllerConfig::default()
         },
     ));
     let manager = Manager::new(

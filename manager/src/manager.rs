@@ -120,6 +120,22 @@ struct State {
     retries: BTreeMap<(Instant, u64), QueueKey>,
     /// The entry of `retries` of each key.
     retry_of: HashMap<QueueKey, (Instant, u64)>,
+    /// Service, pool and Namespace events received so far: a restore pass
+    /// during which none arrived saw every object as it is queued.
+    events: u64,
+}
+
+/// The second of the two passes (DESIGN.md §4.5), as the first pass found
+/// it.
+#[derive(Debug, Default)]
+struct SecondPass {
+    /// Those that had to release, then those without addresses.
+    first: Vec<String>,
+    /// Those that kept their addresses, and whether each is settled
+    /// ([`RestoreOutcome::Settled`]).
+    kept: Vec<(String, bool)>,
+    /// [`State::events`] when the first pass started.
+    events: u64,
 }
 
 /// The Services waiting for an address (DESIGN.md §4.6), in waiting order.
@@ -413,10 +429,28 @@ impl State {
     }
 
     /// Queues the second of the two passes: Pool and Namespace keys already
-    /// queued first, then the Services in `order`, then any other queued
-    /// Service.
-    fn reorder_services(&mut self, order: Vec<String>) {
+    /// queued first, then the Services in `pass` order, then any other
+    /// queued Service.
+    ///
+    /// A settled Service is left out (its reconciliation would do nothing),
+    /// even when an earlier event queued it, since the first pass saw its
+    /// current object: unless an event came during the first pass (the
+    /// object may have changed since), or it waits or retries (its
+    /// reconciliation books that).
+    fn queue_second_pass(&mut self, pass: SecondPass) {
         self.clear_wakes();
+        let exact = self.events == pass.events;
+        let mut left_out = HashSet::new();
+        let mut order = pass.first;
+        for (key, settled) in pass.kept {
+            let busy = self.waiting.since(&key).is_some()
+                || self.retry_of.contains_key(&QueueKey::Service(key.clone()));
+            if settled && exact && !busy {
+                left_out.insert(key);
+            } else {
+                order.push(key);
+            }
+        }
         let old = std::mem::take(&mut self.queue);
         self.queued.clear();
         let (services, others): (Vec<_>, Vec<_>) = old
@@ -426,7 +460,10 @@ impl State {
         order
             .into_iter()
             .for_each(|key| self.enqueue(QueueKey::Service(key)));
-        services.into_iter().for_each(|key| self.enqueue(key));
+        services
+            .into_iter()
+            .filter(|key| !left_out.contains(key.name()))
+            .for_each(|key| self.enqueue(key));
     }
 }
 
@@ -496,6 +533,7 @@ impl<C> Manager<C> {
     /// Records the event of `key` with `f` and queues it.
     fn push(&self, key: QueueKey, f: impl FnOnce(&mut State)) {
         self.with_state(|state| {
+            state.events = state.events.wrapping_add(1);
             f(state);
             state.enqueue(key);
         });
@@ -617,10 +655,10 @@ impl<C: Controller> Manager<C> {
                 return false;
             }
         }
-        let order = self.restore_pass().await;
+        let pass = self.restore_pass().await;
         self.inner.controller.mark_synced();
         self.with_state(|state| {
-            state.reorder_services(order);
+            state.queue_second_pass(pass);
             state.synced = true;
         });
         tracing::info!("sync passes done");
@@ -630,12 +668,13 @@ impl<C: Controller> Manager<C> {
     /// The first of the two passes of DESIGN.md §4.5 (at sync and after a
     /// pool or Namespace change): every known Service, in first-seen order,
     /// keeps its status addresses if still allowed or releases them. Returns
-    /// the order of the second pass: those that had to release first, then
-    /// those without addresses, then those that kept theirs (a
-    /// PreferDualStack one completing its missing family gets nothing before
-    /// the ones left without).
-    async fn restore_pass(&self) -> Vec<String> {
-        let known = State::in_order(&self.state().first_seen);
+    /// the second pass: those that had to release first, then those without
+    /// addresses, then those that kept theirs (a PreferDualStack one
+    /// completing its missing family gets nothing before the ones left
+    /// without).
+    async fn restore_pass(&self) -> SecondPass {
+        let (known, events) =
+            self.with_state(|state| (State::in_order(&state.first_seen), state.events));
         let (mut kept, mut release, mut nothing) = (Vec::new(), Vec::new(), Vec::new());
         for key in known {
             let restored = match self.inner.store.service(&key) {
@@ -644,14 +683,18 @@ impl<C: Controller> Manager<C> {
             };
             tracing::debug!(key, ?restored, "restored");
             match restored {
-                RestoreOutcome::Kept => kept.push(key),
+                RestoreOutcome::Kept => kept.push((key, false)),
+                RestoreOutcome::Settled => kept.push((key, true)),
                 RestoreOutcome::MustRelease => release.push(key),
                 RestoreOutcome::Nothing => nothing.push(key),
             }
         }
         release.append(&mut nothing);
-        release.append(&mut kept);
-        release
+        SecondPass {
+            first: release,
+            kept,
+            events,
+        }
     }
 
     /// Reconciles `key`, which is in flight, and books the outcome.
@@ -688,9 +731,22 @@ impl<C: Controller> Manager<C> {
         let config = &self.inner.config;
         self.with_state(|state| state.finish(key, deleted, outcome, follow, config));
         if reconsider_all {
-            let order = self.restore_pass().await;
-            self.with_state(|state| state.reorder_services(order));
+            let pass = self.restore_pass().await;
+            self.with_state(|state| state.queue_second_pass(pass));
         }
+    }
+
+    /// An update the controller called settled is not queued once the
+    /// manager decides (before that, every event is kept for the sync
+    /// passes) and the key is known; returns whether it was left out.
+    fn settled_update(&self, key: &str) -> bool {
+        self.with_state(|state| {
+            if !state.synced || !state.first_seen.contains_key(key) {
+                return false;
+            }
+            state.events = state.events.wrapping_add(1);
+            true
+        })
     }
 
     /// A Service event: the key is first seen now unless it is known.
@@ -712,8 +768,12 @@ impl<C: Controller> ServiceHandler for Manager<C> {
         Ok(())
     }
 
-    async fn on_update_service(&self, _old: &Service, new: &Service) -> Result<(), Error> {
-        self.service_event(service_key(new)?);
+    async fn on_update_service(&self, old: &Service, new: &Service) -> Result<(), Error> {
+        let key = service_key(new)?;
+        if self.inner.controller.is_settled_update(&key, old, new) && self.settled_update(&key) {
+            return Ok(());
+        }
+        self.service_event(key);
         Ok(())
     }
 
@@ -784,6 +844,8 @@ mod tests {
         calls: Mutex<Vec<(String, Instant)>>,
         outcomes: Mutex<HashMap<String, VecDeque<SyncOutcome>>>,
         restores: Mutex<HashMap<String, RestoreOutcome>>,
+        /// Keys whose updates the fake calls settled.
+        settled_updates: Mutex<HashSet<String>>,
         gate: Mutex<Option<(String, Arc<Semaphore>)>>,
         entered: Notify,
     }
@@ -845,6 +907,10 @@ mod tests {
                 .lock()
                 .unwrap()
                 .push(("synced".to_owned(), Instant::now()));
+        }
+
+        fn is_settled_update(&self, key: &str, _: &Service, _: &Service) -> bool {
+            self.settled_updates.lock().unwrap().contains(key)
         }
     }
 
@@ -1282,6 +1348,101 @@ mod tests {
             ["svc ns/w2", "svc ns/a", "svc ns/b", "svc ns/u", "svc ns/o"]
         );
         assert_eq!(h.manager.waiting_keys(), ["ns/b", "ns/c", "ns/u", "ns/o"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settled_services_are_left_out_of_the_second_pass_unless_busy() {
+        let hour = Duration::from_secs(3600);
+        let h = harness(ManagerConfig::default().retry_base(hour).retry_cap(hour));
+        for key in ["ns/s1", "ns/s2", "ns/s3", "ns/s4"] {
+            h.add(key, true).await;
+        }
+        // At sync, even though their events queued them.
+        h.fake.restores.lock().unwrap().extend([
+            ("ns/s1".to_owned(), RestoreOutcome::Settled),
+            ("ns/s2".to_owned(), RestoreOutcome::Settled),
+            ("ns/s3".to_owned(), RestoreOutcome::Kept),
+            ("ns/s4".to_owned(), RestoreOutcome::Settled),
+        ]);
+        let worker = h.start();
+        h.manager.mark_synced();
+        h.manager.idle().await;
+        assert_eq!(
+            h.take_calls(),
+            [
+                "restore ns/s1",
+                "restore ns/s2",
+                "restore ns/s3",
+                "restore ns/s4",
+                "synced",
+                "svc ns/s3"
+            ]
+        );
+
+        // After a pool change: a waiting one and one due for a retry are
+        // reconciled all the same, in their places.
+        h.script("ns/s2", [outcome(SyncState::Waiting)]);
+        h.update("ns/s2").await;
+        h.manager.idle().await;
+        h.script("ns/s4", [outcome(SyncState::Retry("conflict".into()))]);
+        h.update("ns/s4").await;
+        // Not idle while the retry waits (an hour): the pool comes first.
+        while h.fake.calls.lock().unwrap().len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(h.take_calls(), ["svc ns/s2", "svc ns/s4"]);
+        h.script(
+            "p",
+            [SyncOutcome {
+                reconsider: Reconsider::All,
+                ..SyncOutcome::success()
+            }],
+        );
+        h.add_pool("p").await;
+        h.manager.idle().await;
+        assert_eq!(
+            h.take_calls(),
+            [
+                "pool p",
+                "restore ns/s1",
+                "restore ns/s2",
+                "restore ns/s3",
+                "restore ns/s4",
+                "svc ns/s2",
+                "svc ns/s3",
+                "svc ns/s4"
+            ]
+        );
+        assert_eq!(h.manager.waiting_keys(), Vec::<String>::new());
+        h.cancel.cancel();
+        worker.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_settled_update_is_not_queued_once_synced() {
+        let h = harness(ManagerConfig::default());
+        h.add("ns/s1", true).await;
+        h.fake
+            .settled_updates
+            .lock()
+            .unwrap()
+            .insert("ns/s1".to_owned());
+        // Before sync every event counts: it is what the sync passes see.
+        h.update("ns/s1").await;
+        let worker = h.start();
+        h.manager.mark_synced();
+        h.manager.idle().await;
+        assert_eq!(h.take_calls(), ["restore ns/s1", "synced", "svc ns/s1"]);
+        h.update("ns/s1").await;
+        h.manager.idle().await;
+        assert!(h.take_calls().is_empty());
+        // Another key's update is queued as ever.
+        h.add("ns/s2", false).await;
+        h.update("ns/s2").await;
+        h.manager.idle().await;
+        assert_eq!(h.take_calls(), ["svc ns/s2"]);
+        h.cancel.cancel();
+        worker.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

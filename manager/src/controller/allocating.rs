@@ -21,7 +21,8 @@ use subscriber::IPAddressPool;
 use tracing::{debug, info, warn};
 
 use super::service::{
-    is_ours, pool_annotation, status_ip_strings, status_ips, ServiceView, NO_LABELS,
+    families, is_ours, pool_annotation, same_but_written, status_ip_strings, status_ips,
+    status_shows, ServiceView, NO_LABELS,
 };
 use super::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState};
 use crate::client::{Client, Event, EventType, ServiceWrite};
@@ -42,6 +43,12 @@ pub struct ControllerConfig {
     /// Handle only Services of this `spec.loadBalancerClass`; `None`: only
     /// Services without a class.
     pub lb_class: Option<String>,
+    /// Reconcile settled Services too: queue every update, and every Service
+    /// in the second pass after sync or a pool or Namespace change, as
+    /// MetalLB does. Same result, more work: for the tests that prove the
+    /// shortcuts change nothing (see [`RestoreOutcome::Settled`] and
+    /// [`Controller::is_settled_update`]).
+    pub exhaustive: bool,
 }
 
 impl ControllerConfig {
@@ -88,6 +95,26 @@ struct State {
     /// Services that stopped being ours and whose clearing write has not
     /// gone through yet.
     owed_clears: HashSet<String>,
+}
+
+impl State {
+    /// Whether reconciling the Service `key` (ours, with a valid request
+    /// for `families`, object `service`) would change nothing: it holds
+    /// exactly the addresses and pool its object shows, wants no further
+    /// family, and no Warning, announced clearing or owed clear is pending.
+    fn shows_holding(&self, key: &str, service: &Service, families: FamilyPolicy) -> bool {
+        if self.last_warning.contains_key(key)
+            || self.cleared.contains_key(key)
+            || self.owed_clears.contains(key)
+        {
+            return false;
+        }
+        let Some((pool, ips)) = self.allocator.held(key) else {
+            return false;
+        };
+        let incomplete = matches!(families, FamilyPolicy::PreferDual { .. }) && ips.len() == 1;
+        !incomplete && pool_annotation(service) == Some(pool) && status_shows(service, ips)
+    }
 }
 
 /// The controller that applies DESIGN.md §4 on an [`Allocator`].
@@ -548,7 +575,19 @@ impl AllocatingController {
             }
         };
         match kept {
-            Ok(_) => (RestoreOutcome::Kept, None),
+            Ok(_) => {
+                let settled = !self.config.exhaustive
+                    && view.requested.is_ok()
+                    && view
+                        .families
+                        .is_some_and(|families| state.shows_holding(key, service, families));
+                let outcome = if settled {
+                    RestoreOutcome::Settled
+                } else {
+                    RestoreOutcome::Kept
+                };
+                (outcome, None)
+            }
             Err(reason) => {
                 debug!(key, %reason, "held address no longer allowed");
                 state.allocator.release(key);
@@ -751,6 +790,22 @@ impl Controller for AllocatingController {
             outcome.reconsider = Reconsider::All;
         }
         outcome
+    }
+
+    /// The echo of our own write (or any update that leaves what we read as
+    /// it was and shows what we hold) changes nothing. The request is valid:
+    /// an invalid one leaves its Warning in `last_warning`.
+    fn is_settled_update(&self, key: &str, old: &Service, new: &Service) -> bool {
+        if self.config.exhaustive
+            || !is_ours(new, self.config.lb_class.as_deref())
+            || !same_but_written(old, new)
+        {
+            return false;
+        }
+        let Some(families) = families(new) else {
+            return false;
+        };
+        self.lock().shows_holding(key, new, families)
     }
 
     async fn restore(&self, key: &str, service: &Service) -> RestoreOutcome {

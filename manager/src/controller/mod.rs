@@ -77,6 +77,11 @@ pub enum RestoreOutcome {
     Nothing,
     /// The status addresses are still allowed and now held.
     Kept,
+    /// Kept, and nothing else is to do: the Service holds exactly what its
+    /// object shows (addresses and pool), wants no further family, and no
+    /// Warning or clearing is pending for it, so reconciling it now would
+    /// write and emit nothing. The second pass may leave it out.
+    Settled,
     /// The status addresses are not allowed: the Service must release them.
     MustRelease,
 }
@@ -96,6 +101,14 @@ pub trait Controller: Send + Sync + 'static {
     /// allowed, release them (with `ClearAssignment`) if not; hand out
     /// nothing, write no status.
     async fn restore(&self, key: &str, service: &Service) -> RestoreOutcome;
+    /// Whether the update of the Service `key` from `old` to `new` can
+    /// change nothing this controller decides, so the manager need not
+    /// queue it: typically the echo of the controller's own status write.
+    /// The default (`false`) queues every update.
+    fn is_settled_update(&self, key: &str, old: &Service, new: &Service) -> bool {
+        let _ = (key, old, new);
+        false
+    }
     /// The host's initial list is complete; called after the restore pass.
     fn mark_synced(&self);
 }

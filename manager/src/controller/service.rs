@@ -207,7 +207,7 @@ pub(crate) fn shortened(text: &str) -> String {
 }
 
 /// The families of a Service from its cluster IPs (§4.3).
-fn families(service: &Service) -> Option<FamilyPolicy> {
+pub(crate) fn families(service: &Service) -> Option<FamilyPolicy> {
     let spec = service.spec.as_ref()?;
     let listed: Vec<&String> = match spec.cluster_ips.as_ref().filter(|ips| !ips.is_empty()) {
         Some(ips) => ips.iter().collect(),
@@ -265,6 +265,51 @@ pub(crate) fn status_ip_strings(service: &Service) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Whether `status.loadBalancer.ingress` shows exactly `ips`, in order and
+/// written as the controller writes them (so no write would change it).
+pub(crate) fn status_shows(service: &Service, ips: &[IpAddr]) -> bool {
+    let ingress = service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_deref())
+        .unwrap_or_default();
+    let mut shown = ingress
+        .iter()
+        .filter_map(|i| i.ip.as_deref())
+        .filter(|ip| !ip.is_empty());
+    let matches = ips.iter().all(|ip| {
+        shown.next().is_some_and(|text| match ip {
+            // IPv4 text parses only in its one canonical form.
+            IpAddr::V4(v4) => text.parse::<std::net::Ipv4Addr>().is_ok_and(|t| t == *v4),
+            IpAddr::V6(_) => ip.to_string() == text,
+        })
+    });
+    matches && shown.next().is_none()
+}
+
+/// Whether two Services are the same but for what the controller writes
+/// (the status and the pool annotation) and what the API server stamps on
+/// every write (resourceVersion, managedFields).
+pub(crate) fn same_but_written(old: &Service, new: &Service) -> bool {
+    fn others(
+        annotations: &Option<BTreeMap<String, String>>,
+    ) -> impl Iterator<Item = (&String, &String)> {
+        annotations
+            .iter()
+            .flatten()
+            .filter(|(key, _)| key.as_str() != POOL_ANNOTATION)
+    }
+    let (a, b) = (&old.metadata, &new.metadata);
+    old.spec == new.spec
+        && a.name == b.name
+        && a.namespace == b.namespace
+        && a.uid == b.uid
+        && a.labels == b.labels
+        && a.deletion_timestamp == b.deletion_timestamp
+        && others(&a.annotations).eq(others(&b.annotations))
 }
 
 /// The pool annotation the controller wrote, if any.
