@@ -1197,6 +1197,45 @@ fn skipping_settled_services_changes_nothing() {
     );
 }
 
+/// Found by `failed_writes_converge_to_the_same_addresses`: a Service whose
+/// status had to be cleared and that could get no address started waiting
+/// only once its clearing write went through, so a failed write sent it
+/// behind a Service that began waiting after it, and the address freed
+/// next went to the other one.
+#[test]
+fn a_failed_clearing_write_keeps_the_waiting_place() {
+    let stream = [
+        r#"{"object":{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{"name":"p1","namespace":"metallb-system"},"spec":{"addresses":["fd00:1::/64","10.0.5.255"]}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s1"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s1","namespace":"a"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"},"status":{"loadBalancer":{"ingress":[{"ip":"10.0.0.0"}]}}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s0"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"},"status":{"loadBalancer":{"ingress":[{"ip":"10.0.0.0"}]}}},"type":"ADDED"}"#,
+        r#"{"type":"SYNCED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/address-pool":"p0"},"name":"s1","namespace":"a"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+    ]
+    .join("\n");
+    let plain = replay(&stream, &checked()).unwrap();
+    let plan = FailurePlan::seeded(5_769_203_822_226_402_705, 30).failed();
+    let failing = replay(&stream, &checked().failures(plan)).unwrap();
+    let injected = failing
+        .trace
+        .iter()
+        .flat_map(|step| &step.writes)
+        .filter(|w| w.outcome == fake_watcher::WriteOutcome::Injected && w.key == "default/s0")
+        .count();
+    assert!(injected > 0, "the plan no longer fails default/s0's writes");
+    let holder = |output: &ReplayOutput| {
+        output
+            .result
+            .services
+            .iter()
+            .filter(|s| s.ips == ["10.0.5.255"])
+            .map(|s| s.key.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(holder(&plain), ["default/s0"]);
+    assert_eq!(holder(&failing), ["default/s0"]);
+}
+
 /// A stream cut off in the middle of a line stops with an error naming
 /// that line; with `--keep-going` the rest of the stream is the same as if
 /// the line had never been there.

@@ -379,6 +379,9 @@ impl State {
         }
         match outcome.state {
             SyncState::Retry(reason) => {
+                if let (Some(name), true, false) = (service, outcome.waiting_too, deleted) {
+                    self.wait(name, outcome.waiting_class);
+                }
                 let attempts = self.attempts.entry(key.clone()).or_insert(0);
                 let delay = config.backoff(*attempts);
                 *attempts = attempts.saturating_add(1);
@@ -391,12 +394,7 @@ impl State {
             SyncState::Waiting if !deleted => {
                 self.attempts.remove(&key);
                 if let Some(name) = service {
-                    // Failing again keeps the place (§4.6).
-                    let since = match self.waiting.since(name) {
-                        Some(since) => since,
-                        None => self.seq(),
-                    };
-                    self.waiting.insert(name, since, outcome.waiting_class);
+                    self.wait(name, outcome.waiting_class);
                 }
             }
             SyncState::Success | SyncState::Invalid | SyncState::Waiting => {
@@ -426,6 +424,16 @@ impl State {
                 self.enqueue(QueueKey::Service(other));
             }
         }
+    }
+
+    /// The Service `name` waits for an address, in `class`; failing again
+    /// keeps its place (§4.6).
+    fn wait(&mut self, name: &str, class: Option<u64>) {
+        let since = match self.waiting.since(name) {
+            Some(since) => since,
+            None => self.seq(),
+        };
+        self.waiting.insert(name, since, class);
     }
 
     /// Queues the second of the two passes: Pool and Namespace keys already

@@ -615,6 +615,7 @@ impl AllocatingController {
                 }
                 drop(state);
                 let mut outcome = plan.outcome;
+                outcome.waiting_too = outcome.state == SyncState::Waiting;
                 outcome.state = SyncState::Retry(error.to_string());
                 return outcome;
             }

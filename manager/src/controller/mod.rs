@@ -24,6 +24,11 @@ pub struct SyncOutcome {
     /// configuration and their demand), so a wake that sees the first of a
     /// class fail again skips the rest. `None`: always reconsidered.
     pub waiting_class: Option<u64>,
+    /// With [`SyncState::Retry`]: the Service could get no address, and
+    /// only the write of that (clearing its status) failed. It waits from
+    /// now on all the same (DESIGN.md §4.6: waiting starts when a Service
+    /// first fails to get an address), besides being retried.
+    pub waiting_too: bool,
 }
 
 impl SyncOutcome {
@@ -38,6 +43,7 @@ impl SyncOutcome {
             wake_waiting: false,
             reconsider: Reconsider::None,
             waiting_class: None,
+            waiting_too: false,
         }
     }
 }
