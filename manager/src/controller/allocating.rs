@@ -21,8 +21,8 @@ use subscriber::IPAddressPool;
 use tracing::{debug, info, warn};
 
 use super::service::{
-    families, is_ours, pool_annotation, same_but_written, status_ip_strings, status_ips,
-    status_shows, ServiceView, NO_LABELS,
+    is_ours, pool_annotation, same_but_written, status_ip_strings, status_ips, status_shows,
+    ServiceView, NO_LABELS,
 };
 use super::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState};
 use crate::client::{Client, Event, EventType, ServiceWrite};
@@ -794,8 +794,10 @@ impl Controller for AllocatingController {
     }
 
     /// The echo of our own write (or any update that leaves what we read as
-    /// it was and shows what we hold) changes nothing. The request is valid:
-    /// an invalid one leaves its Warning in `last_warning`.
+    /// it was and shows what we hold) changes nothing, if what it shows may
+    /// be kept: what the last reconciliation left is not always allowed
+    /// (a PreferDualStack Service completed with a family its requested
+    /// addresses do not name is released by the next one).
     fn is_settled_update(&self, key: &str, old: &Service, new: &Service) -> bool {
         if self.config.exhaustive
             || !is_ours(new, self.config.lb_class.as_deref())
@@ -803,10 +805,18 @@ impl Controller for AllocatingController {
         {
             return false;
         }
-        let Some(families) = families(new) else {
+        let view = ServiceView::new(new);
+        let (Some(families), Ok(requested)) = (view.families, view.requested.as_deref()) else {
             return false;
         };
-        self.lock().shows_holding(key, new, families)
+        let namespace = self.store.namespace(view.namespace);
+        let request = view.request(key, families, labels_of(&namespace), requested);
+        let state = self.lock();
+        state.shows_holding(key, new, families)
+            && state
+                .allocator
+                .held(key)
+                .is_some_and(|(_, ips)| state.allocator.can_keep(&request, ips).is_ok())
     }
 
     async fn restore(&self, key: &str, service: &Service) -> RestoreOutcome {

@@ -207,7 +207,7 @@ pub(crate) fn shortened(text: &str) -> String {
 }
 
 /// The families of a Service from its cluster IPs (§4.3).
-pub(crate) fn families(service: &Service) -> Option<FamilyPolicy> {
+fn families(service: &Service) -> Option<FamilyPolicy> {
     let spec = service.spec.as_ref()?;
     let listed: Vec<&String> = match spec.cluster_ips.as_ref().filter(|ips| !ips.is_empty()) {
         Some(ips) => ips.iter().collect(),
