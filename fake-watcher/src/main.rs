@@ -13,6 +13,12 @@ use fake_watcher::{
 };
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc, not the system allocator: a replay decodes on one thread and
+/// frees on another, which glibc's malloc makes slow (`cargo xtask bench`:
+/// the replay runs about a quarter faster).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit status for bad input or bad usage (clap uses it for usage errors).
 const BAD_INPUT: u8 = 2;
 /// Exit status when the replay itself failed (not the input's fault).
