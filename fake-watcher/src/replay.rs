@@ -301,7 +301,7 @@ async fn run(
             key: Some(object.key()),
         };
         let change = host.store.upsert(object)?;
-        host.apply(0, event, &change, output).await?;
+        host.apply(0, Some(event), &change, output).await?;
     }
     match source.next().await {
         Some(Read::Lookahead(Ok(true))) => {}
@@ -339,13 +339,14 @@ async fn run(
                         kind: None,
                         key: None,
                     };
-                    host.record(record.line, event, mark, Vec::new(), output);
+                    host.record(record.line, Some(event), mark, Vec::new(), output);
                 }
                 continue;
             }
             event => event,
         };
-        let trace_event = trace_event(&event);
+        // Only a trace shows it (two strings per line otherwise wasted).
+        let trace_event = host.trace.then(|| trace_event(&event));
         let change = match host.store.apply(event) {
             Ok(change) => change,
             Err(error) => {
@@ -531,7 +532,7 @@ impl Host {
     async fn apply(
         &mut self,
         line: u64,
-        event: TraceEvent,
+        event: Option<TraceEvent>,
         change: &Change,
         output: &mut ReplayOutput,
     ) -> Result<(), ReplayError> {
@@ -575,11 +576,12 @@ impl Host {
         }
     }
 
-    /// Records the step of `line`: what was written and emitted since `mark`.
+    /// Records the step of `line`: what was written and emitted since `mark`
+    /// (`event` is `None` only when no trace is kept).
     fn record(
         &self,
         line: u64,
-        event: TraceEvent,
+        event: Option<TraceEvent>,
         mark: (usize, usize),
         errors: Vec<String>,
         output: &mut ReplayOutput,
@@ -592,9 +594,9 @@ impl Host {
         if !violations.is_empty() {
             output.violations.push((line, violations.clone()));
         }
-        if !self.trace {
+        let (true, Some(event)) = (self.trace, event) else {
             return;
-        }
+        };
         let (writes, events) = self.client.since(mark);
         let holdings = self
             .controller
