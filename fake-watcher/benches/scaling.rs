@@ -17,8 +17,10 @@
 //!   RSS (`VmHWM`).
 //! - `replay`: a mixed stream (creates, updates, deletes and 3 pool changes
 //!   in all, each of which reconsiders every Service) through the full
-//!   pipeline; `decode_only`: the same lines decoded into objects and
-//!   nothing else, the floor a replay cannot beat.
+//!   pipeline, as `fake-watcher replay` runs it (decoding on a thread of its
+//!   own); `replay_one_thread`: the same with decoding on the replay's
+//!   thread; `decode_only`: the same lines decoded into objects and nothing
+//!   else, the floor a replay cannot beat.
 //! - `mass_delete`: Manager and AllocatingController driven directly (the
 //!   replay store and in-memory client, no stream): a pool of exactly H
 //!   addresses, H Services holding them and W waiting; then D deletes arrive
@@ -29,9 +31,9 @@
 //! - memory: the allocator's live bytes per held address, from a counting
 //!   global allocator, and the restart's peak RSS.
 //!
-//! Hidden flags: `--only NAME[,NAME...]` runs only those scenarios and `--sizes N,N,...`
-//! replaces the sizes (for profiling); `--child-restart N PATH` is the child
-//! process of `restart`.
+//! Hidden flags: `--only NAME[,NAME...]` runs only those scenarios and
+//! `--sizes N,N,...` replaces the sizes (for profiling); `--child-restart N
+//! PATH` is the child process of `restart`.
 
 use std::collections::BTreeMap;
 use std::io::{BufReader, Write};
