@@ -94,7 +94,11 @@ fn sharing_part(group: &str) -> &str {
 #[derive(Debug)]
 enum Holders {
     One(Arc<str>),
-    Many(Vec<Arc<str>>),
+    /// Boxed, so that `Holders` is as small as `One` (a shared address is
+    /// rare; every address pays for the size). A `Box<[_]>` would be a
+    /// wide pointer, and the enum 24 bytes again.
+    #[allow(clippy::box_collection)]
+    Many(Box<Vec<Arc<str>>>),
 }
 
 impl Holders {
@@ -114,7 +118,9 @@ impl Holders {
             return;
         }
         match self {
-            Holders::One(first) => *self = Holders::Many(vec![Arc::clone(first), key]),
+            Holders::One(first) => {
+                *self = Holders::Many(Box::new(vec![Arc::clone(first), key]));
+            }
             Holders::Many(holders) => holders.push(key),
         }
     }
@@ -1006,4 +1012,16 @@ fn auto_order(pools: &BTreeMap<Arc<str>, PoolState>) -> Vec<Arc<str>> {
         .chain(unpinned)
         .map(|s| Arc::clone(&s.name))
         .collect()
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+
+    /// Every address in use costs an `addresses` entry: keep it small.
+    #[test]
+    fn an_address_entry_is_small() {
+        assert_eq!(std::mem::size_of::<Holders>(), 16);
+        assert_eq!(std::mem::size_of::<(IpAddr, Holders)>(), 40);
+    }
 }
