@@ -24,6 +24,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Controller, Reconsider, RestoreOutcome, Store, SyncOutcome, SyncState};
 
+/// The hasher of the queue's maps: keys are the cluster's own object names,
+/// so SipHash's resistance to chosen keys buys nothing here.
+type FastHash = foldhash::fast::RandomState;
+
 /// How the [`Manager`] retries a key whose reconciliation asked for it.
 #[derive(Clone, Debug)]
 pub struct ManagerConfig {
@@ -99,27 +103,27 @@ struct State {
     synced: bool,
     queue: VecDeque<QueueKey>,
     /// The keys in `queue`.
-    queued: HashSet<QueueKey>,
+    queued: HashSet<QueueKey, FastHash>,
     in_flight: Option<QueueKey>,
     /// The in-flight key was queued again while being processed.
     requeue: bool,
     /// Source of first-seen, waiting and retry sequence numbers.
     next_seq: u64,
     /// Service key → sequence number of its first event since creation.
-    first_seen: HashMap<String, u64>,
+    first_seen: HashMap<String, u64, FastHash>,
     /// The Services waiting for an address.
     waiting: Waiting,
     /// Woken waiting Services still to reconsider, by waiting order; taken
     /// when the queue is empty.
     waking: BTreeMap<u64, String>,
     /// Woken Services not yet reconsidered: their waiting order and class.
-    woken: HashMap<String, (u64, Option<u64>)>,
+    woken: HashMap<String, (u64, Option<u64>), FastHash>,
     /// Failures in a row of a key that asked for a retry.
-    attempts: HashMap<QueueKey, u32>,
+    attempts: HashMap<QueueKey, u32, FastHash>,
     /// Pending retries by deadline (the sequence number breaks ties).
     retries: BTreeMap<(Instant, u64), QueueKey>,
     /// The entry of `retries` of each key.
-    retry_of: HashMap<QueueKey, (Instant, u64)>,
+    retry_of: HashMap<QueueKey, (Instant, u64), FastHash>,
     /// Service, pool and Namespace events received so far: a restore pass
     /// during which none arrived saw every object as it is queued.
     events: u64,
@@ -148,11 +152,11 @@ struct SecondPass {
 #[derive(Debug, Default)]
 struct Waiting {
     /// key → (waiting since, class).
-    entries: HashMap<String, (u64, Option<u64>)>,
+    entries: HashMap<String, (u64, Option<u64>), FastHash>,
     /// The members without a class, by waiting order.
     unclassed: BTreeMap<u64, String>,
     /// class → its members by waiting order.
-    classes: HashMap<u64, BTreeMap<u64, String>>,
+    classes: HashMap<u64, BTreeMap<u64, String>, FastHash>,
 }
 
 impl Waiting {
@@ -331,7 +335,7 @@ impl State {
     }
 
     /// The keys of `map` by their sequence number, lowest first.
-    fn in_order(map: &HashMap<String, u64>) -> Vec<String> {
+    fn in_order(map: &HashMap<String, u64, FastHash>) -> Vec<String> {
         let mut keys: Vec<(u64, &String)> = map.iter().map(|(k, seq)| (*seq, k)).collect();
         keys.sort_unstable();
         keys.into_iter().map(|(_, key)| key.clone()).collect()

@@ -28,6 +28,9 @@ use super::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState};
 use crate::client::{Client, Event, EventType, ServiceWrite};
 use crate::store::Store;
 
+/// See the manager's: the cluster's own names as keys.
+type FastHash = foldhash::fast::RandomState;
+
 /// Event reasons (DESIGN.md §4.7).
 pub mod reason {
     pub const IP_ALLOCATED: &str = "IPAllocated";
@@ -87,14 +90,14 @@ struct State {
     /// The last Warning emitted per Service (with its uid, so a re-created
     /// Service is announced afresh): the same failure again is not
     /// announced again.
-    last_warning: HashMap<String, (String, String, String)>,
-    namespace_labels: HashMap<String, BTreeMap<String, String>>,
+    last_warning: HashMap<String, (String, String, String), FastHash>,
+    namespace_labels: HashMap<String, BTreeMap<String, String>, FastHash>,
     /// Status addresses the restore pass released and announced
     /// (`ClearAssignment`), so the second pass does not announce them again.
-    cleared: HashMap<String, Vec<String>>,
+    cleared: HashMap<String, Vec<String>, FastHash>,
     /// Services that stopped being ours and whose clearing write has not
     /// gone through yet.
-    owed_clears: HashSet<String>,
+    owed_clears: HashSet<String, FastHash>,
 }
 
 impl State {
