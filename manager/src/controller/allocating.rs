@@ -348,7 +348,6 @@ impl AllocatingController {
             Err(reason) => (no_addresses, Some(reason.clone())),
         };
         let status = status_ips(service);
-        let status_list = status.clone().unwrap_or_default();
         let status_strings = status_ip_strings(service);
 
         match view.families {
@@ -407,7 +406,8 @@ impl AllocatingController {
                     sync_state = SyncState::Invalid;
                     warning = Some(invalid_event(&reason));
                 } else if kept {
-                    if matches!(families, FamilyPolicy::PreferDual { .. }) && status_list.len() == 1
+                    if matches!(families, FamilyPolicy::PreferDual { .. })
+                        && status.as_ref().is_ok_and(|ips| ips.len() == 1)
                     {
                         match state.allocator.complete_dual_stack(&request) {
                             Some(holding) => events.push(allocated_event(&holding)),
@@ -458,9 +458,7 @@ impl AllocatingController {
             ingress: after.as_ref().map(|h| h.ips.clone()).unwrap_or_default(),
             pool: after.as_ref().map(|h| h.pool.clone()),
         };
-        let desired_strings: Vec<String> =
-            desired.ingress.iter().map(ToString::to_string).collect();
-        let write = (desired_strings != status_strings
+        let write = (!status_shows(service, &desired.ingress)
             || pool_annotation(service) != desired.pool.as_deref())
         .then_some(desired);
         if write.is_some() && !view.deprecated.is_empty() {
