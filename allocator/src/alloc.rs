@@ -122,11 +122,18 @@ impl Holders {
         if self.contains(&key) {
             return;
         }
+        // Sorted by key: the order does not depend on history (which a
+        // refusal naming the first holder would show).
         match self {
             Holders::One(first) => {
-                *self = Holders::Many(Box::new(vec![Arc::clone(first), key]));
+                let mut both = vec![Arc::clone(first), key];
+                both.sort();
+                *self = Holders::Many(Box::new(both));
             }
-            Holders::Many(holders) => holders.push(key),
+            Holders::Many(holders) => {
+                let at = holders.partition_point(|holder| *holder < key);
+                holders.insert(at, key);
+            }
         }
     }
 
@@ -262,6 +269,10 @@ pub struct Allocator {
     auto_order: Vec<Arc<str>>,
     services: HashMap<Arc<str>, Held, FastHash>,
     addresses: HashMap<IpAddr, Holders, FastHash>,
+    /// Tests: place every holding again on every pool change, as before
+    /// unchanged pools kept theirs, to compare the two.
+    #[cfg(test)]
+    pub(crate) rebuild_all: bool,
 }
 
 impl Allocator {
@@ -362,6 +373,17 @@ impl Allocator {
     /// accepted before it), rebuilds the per-pool state from the holdings and
     /// releases holdings no accepted pool allows any more.
     fn recompute_pools(&mut self) -> PoolChange {
+        // A pool accepted before and after, with the same definition, keeps
+        // its state (used addresses, sharing index) and its holdings as
+        // they are: its ranges are still its own (an overlapping pool is
+        // rejected, or it would not be accepted). Only the holdings of the
+        // other pools are placed again.
+        let mut old_pools = std::mem::take(&mut self.pools);
+        #[cfg(test)]
+        if self.rebuild_all {
+            old_pools.clear();
+        }
+        let mut kept = BTreeSet::new();
         let mut pools = BTreeMap::new();
         let mut rejected = BTreeMap::new();
         let mut index: BTreeMap<(Family, u128), (u128, Arc<str>)> = BTreeMap::new();
@@ -377,7 +399,13 @@ impl Allocator {
                 rejected.insert(object.name.clone(), error.to_string());
                 continue;
             }
-            let state = PoolState::new(pool.clone());
+            let state = match old_pools.remove(object.name.as_str()) {
+                Some(old) if old.pool == *pool => {
+                    kept.insert(Arc::clone(&old.name));
+                    old
+                }
+                _ => PoolState::new(pool.clone()),
+            };
             for range in &state.pool.ranges {
                 index.insert(
                     (range.family, range.first),
@@ -390,15 +418,31 @@ impl Allocator {
         self.rejected = rejected;
         self.index = index;
         self.auto_order = auto_order(&self.pools);
-        self.rehome_holdings()
+        self.rehome_holdings(&kept)
     }
 
-    fn rehome_holdings(&mut self) -> PoolChange {
+    /// Places again every holding outside the `kept` pools: in the pool that
+    /// now contains its addresses, or nowhere (released).
+    fn rehome_holdings(&mut self, kept: &BTreeSet<Arc<str>>) -> PoolChange {
+        let moving: Vec<Arc<str>> = self
+            .services
+            .iter()
+            .filter(|(_, held)| !kept.contains(&held.pool))
+            .map(|(key, _)| Arc::clone(key))
+            .collect();
+        let mut services: Vec<(Arc<str>, Held)> = Vec::with_capacity(moving.len());
+        for key in moving {
+            if let Some(entry) = self.services.remove_entry(&key) {
+                // All holders of an address are in its one pool: they all
+                // move, and the entry goes.
+                for ip in entry.1.ips.iter() {
+                    self.addresses.remove(ip);
+                }
+                services.push(entry);
+            }
+        }
         // In key order, so holders are listed the same way in every run.
-        let mut services: Vec<(Arc<str>, Held)> =
-            std::mem::take(&mut self.services).into_iter().collect();
         services.sort_by(|a, b| a.0.cmp(&b.0));
-        self.addresses.clear();
         let mut released = Vec::new();
         for (key, mut held) in services {
             match self.pool_of_all(&held.ips) {
@@ -497,6 +541,18 @@ impl Allocator {
             })
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// Every held address with its holders in their stored order.
+    #[cfg(test)]
+    pub(crate) fn holder_lists(&self) -> Vec<(IpAddr, Vec<String>)> {
+        let mut all: Vec<(IpAddr, Vec<String>)> = self
+            .addresses
+            .iter()
+            .map(|(ip, holders)| (*ip, holders.iter().map(|h| h.to_string()).collect()))
+            .collect();
+        all.sort();
         all
     }
 
