@@ -63,6 +63,9 @@ pub struct Released {
 pub struct PoolChange {
     /// Services released because their addresses left every pool, sorted by key.
     pub released: Vec<Released>,
+    /// Accepted pools the change left as they were (same definition, still
+    /// accepted, holdings untouched), sorted.
+    pub unchanged: Vec<String>,
 }
 
 /// A pool object as given.
@@ -458,7 +461,10 @@ impl Allocator {
             }
         }
         released.sort_by(|a, b| a.key.cmp(&b.key));
-        PoolChange { released }
+        PoolChange {
+            released,
+            unchanged: kept.iter().map(|name| name.to_string()).collect(),
+        }
     }
 
     /// The accepted pool that contains `ip` and allows it.

@@ -720,12 +720,14 @@ fn apply(a: &mut Allocator, op: &Op) -> String {
         Op::Release { service } => format!("{:?}", a.release(&format!("ns/s{service}"))),
         Op::SetPool { pool, shape } => {
             let addresses = POOL_SHAPES.get(usize::from(shape)).copied().unwrap_or(&[]);
-            format!(
-                "{:?}",
-                a.set_pool(&format!("pool{pool}"), &pool_spec(addresses))
-            )
+            let change = a.set_pool(&format!("pool{pool}"), &pool_spec(addresses));
+            format!("{:?}", change.released)
         }
-        Op::RemovePool { pool } => format!("{:?}", a.remove_pool(&format!("pool{pool}"))),
+        // What was released; which pools stayed as they were is how the
+        // allocator got there.
+        Op::RemovePool { pool } => {
+            format!("{:?}", a.remove_pool(&format!("pool{pool}")).released)
+        }
     }
 }
 

@@ -430,6 +430,23 @@ impl State {
         }
     }
 
+    /// The Services queued, in flight, woken, waiting or due for a retry.
+    fn busy_services(&self) -> HashSet<String> {
+        let keys = self
+            .queue
+            .iter()
+            .chain(&self.in_flight)
+            .chain(self.retry_of.keys());
+        let services = keys.filter_map(|key| match key {
+            QueueKey::Service(name) => Some(name.clone()),
+            QueueKey::Pool(_) | QueueKey::Namespace(_) => None,
+        });
+        services
+            .chain(self.waiting.entries.keys().cloned())
+            .chain(self.woken.keys().cloned())
+            .collect()
+    }
+
     /// The Service `name` waits for an address, in `class`; failing again
     /// keeps its place (§4.6).
     fn wait(&mut self, name: &str, class: Option<u64>) {
@@ -667,7 +684,7 @@ impl<C: Controller> Manager<C> {
                 return false;
             }
         }
-        let pass = self.restore_pass().await;
+        let pass = self.restore_pass(false).await;
         self.inner.controller.mark_synced();
         self.with_state(|state| {
             state.queue_second_pass(pass);
@@ -684,11 +701,26 @@ impl<C: Controller> Manager<C> {
     /// addresses, then those that kept theirs (a PreferDualStack one
     /// completing its missing family gets nothing before the ones left
     /// without).
-    async fn restore_pass(&self) -> SecondPass {
-        let (known, events) =
-            self.with_state(|state| (State::in_order(&state.first_seen), state.events));
+    ///
+    /// After a change (`quiet`), a Service with no event since it was last
+    /// reconciled, that neither waits nor retries, may be settled without
+    /// a look ([`Controller::is_settled_unchanged`]).
+    async fn restore_pass(&self, quiet: bool) -> SecondPass {
+        let (known, events, busy) = self.with_state(|state| {
+            let busy = if quiet {
+                state.busy_services()
+            } else {
+                HashSet::new()
+            };
+            (State::in_order(&state.first_seen), state.events, busy)
+        });
+        let controller = &self.inner.controller;
         let (mut kept, mut release, mut nothing) = (Vec::new(), Vec::new(), Vec::new());
         for key in known {
+            if quiet && !busy.contains(&key) && controller.is_settled_unchanged(&key) {
+                kept.push((key, true));
+                continue;
+            }
             let restored = match self.inner.store.service(&key) {
                 Some(service) => self.inner.controller.restore(&key, &service).await,
                 None => RestoreOutcome::Nothing,
@@ -743,7 +775,7 @@ impl<C: Controller> Manager<C> {
         let config = &self.inner.config;
         self.with_state(|state| state.finish(key, deleted, outcome, follow, config));
         if reconsider_all {
-            let pass = self.restore_pass().await;
+            let pass = self.restore_pass(true).await;
             self.with_state(|state| state.queue_second_pass(pass));
         }
     }
@@ -858,6 +890,8 @@ mod tests {
         restores: Mutex<HashMap<String, RestoreOutcome>>,
         /// Keys whose updates the fake calls settled.
         settled_updates: Mutex<HashSet<String>>,
+        /// Keys the fake calls settled without a look after a change.
+        settled_unchanged: Mutex<HashSet<String>>,
         gate: Mutex<Option<(String, Arc<Semaphore>)>>,
         entered: Notify,
     }
@@ -923,6 +957,10 @@ mod tests {
 
         fn is_settled_update(&self, key: &str, _: &Service, _: &Service) -> bool {
             self.settled_updates.lock().unwrap().contains(key)
+        }
+
+        fn is_settled_unchanged(&self, key: &str) -> bool {
+            self.settled_unchanged.lock().unwrap().contains(key)
         }
     }
 
@@ -1360,6 +1398,45 @@ mod tests {
             ["svc ns/w2", "svc ns/a", "svc ns/b", "svc ns/u", "svc ns/o"]
         );
         assert_eq!(h.manager.waiting_keys(), ["ns/b", "ns/c", "ns/u", "ns/o"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_change_only_quiet_services_are_settled_without_a_look() {
+        let h = harness(ManagerConfig::default());
+        for key in ["ns/s1", "ns/s2", "ns/s3"] {
+            h.add(key, true).await;
+        }
+        h.fake.settled_unchanged.lock().unwrap().extend([
+            "ns/s1".to_owned(),
+            "ns/s2".to_owned(),
+            "ns/s3".to_owned(),
+        ]);
+        // Not at sync: every Service is restored.
+        let worker = h.start();
+        h.manager.mark_synced();
+        h.manager.idle().await;
+        let calls = h.take_calls();
+        assert_eq!(
+            &calls[..3],
+            ["restore ns/s1", "restore ns/s2", "restore ns/s3"]
+        );
+
+        // After a pool change: s2, with an event queued behind the pool's,
+        // is restored (its object may have changed); the others are not
+        // looked at, and the second pass leaves them out.
+        h.script(
+            "p",
+            [SyncOutcome {
+                reconsider: Reconsider::All,
+                ..SyncOutcome::success()
+            }],
+        );
+        h.add_pool("p").await;
+        h.update("ns/s2").await;
+        h.manager.idle().await;
+        assert_eq!(h.take_calls(), ["pool p", "restore ns/s2", "svc ns/s2"]);
+        h.cancel.cancel();
+        worker.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

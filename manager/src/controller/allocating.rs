@@ -98,6 +98,9 @@ struct State {
     /// Services that stopped being ours and whose clearing write has not
     /// gone through yet.
     owed_clears: HashSet<String, FastHash>,
+    /// The pools the last pool change left as they were, until the next
+    /// pool or Namespace change or sync (see `is_settled_unchanged`).
+    unchanged_pools: HashSet<String, FastHash>,
 }
 
 impl State {
@@ -753,6 +756,7 @@ impl Controller for AllocatingController {
                 }
                 None => state.allocator.remove_pool(name),
             };
+            state.unchanged_pools = change.unchanged.iter().cloned().collect();
             (change, before, state.allocator.rejected_pools())
         };
         // Count every pool this change left rejected anew (or for a new
@@ -778,6 +782,8 @@ impl Controller for AllocatingController {
             .unwrap_or_default();
         let changed = {
             let mut state = self.lock();
+            // Labels may change what every pool serves.
+            state.unchanged_pools.clear();
             let previous = if labels.is_empty() {
                 state.namespace_labels.remove(name)
             } else {
@@ -835,7 +841,29 @@ impl Controller for AllocatingController {
     }
 
     fn mark_synced(&self) {
-        info!(pools = self.lock().allocator.pool_stats().len(), "synced");
+        let mut state = self.lock();
+        state.unchanged_pools.clear();
+        info!(pools = state.allocator.pool_stats().len(), "synced");
+    }
+
+    /// Settled without a look at the object: it holds addresses in a pool
+    /// the last pool change left as it was, and nothing is pending for it.
+    /// The caller vouches that the object did not change since it was last
+    /// reconciled and that the Service neither waits nor retries; so its
+    /// last reconciliation (or the settled-update check) found it holding
+    /// what it shows, allowed by that same pool, for that same request.
+    fn is_settled_unchanged(&self, key: &str) -> bool {
+        if self.config.exhaustive {
+            return false;
+        }
+        let state = self.lock();
+        !state.last_warning.contains_key(key)
+            && !state.cleared.contains_key(key)
+            && !state.owed_clears.contains(key)
+            && state
+                .allocator
+                .held(key)
+                .is_some_and(|(pool, _)| state.unchanged_pools.contains(pool))
     }
 }
 

@@ -117,4 +117,13 @@ pub trait Controller: Send + Sync + 'static {
     }
     /// The host's initial list is complete; called after the restore pass.
     fn mark_synced(&self);
+    /// In the first pass after a pool change, for a Service that had no
+    /// event since it was last reconciled and neither waits nor retries:
+    /// whether it is [`RestoreOutcome::Settled`] without a look at its
+    /// object (the change cannot have touched it). The default (`false`)
+    /// restores every Service.
+    fn is_settled_unchanged(&self, key: &str) -> bool {
+        let _ = key;
+        false
+    }
 }
