@@ -933,6 +933,30 @@ fn child_restart(args: &[String]) -> Result<()> {
 
 // ----- replay and decode_only -----
 
+/// A row for `lines` events in `elapsed`, the rate followed by `note`.
+fn events_row(
+    name: &str,
+    size: &str,
+    elapsed: Duration,
+    lines: usize,
+    note: &str,
+    (target, met): (String, Option<bool>),
+) -> Row {
+    let per_second = lines as f64 / elapsed.as_secs_f64();
+    Row {
+        name: name.to_owned(),
+        n: format!("{size} events"),
+        total: human(elapsed.as_secs_f64()),
+        rate: format!(
+            "{} events ({:.2} us/event){note}",
+            rate(per_second),
+            1e6 / per_second
+        ),
+        target,
+        met,
+    }
+}
+
 /// Which of the replay scenarios run.
 struct ReplayScenarios {
     /// `replay`: as `fake-watcher replay` runs, decoding on a thread of its
@@ -970,18 +994,14 @@ fn replay_scenario(report: &mut Report, n: usize, which: ReplayScenarios) -> Res
         let per_second = lines as f64 / best.as_secs_f64();
         decode_rate = Some(per_second);
         report.number("decode_only_events_per_s", per_second);
-        report.rows.push(Row {
-            name: "decode_only".to_owned(),
-            n: format!("{size} events"),
-            total: human(best.as_secs_f64()),
-            rate: format!(
-                "{} events ({:.2} us/event)",
-                rate(per_second),
-                1e6 / per_second
-            ),
-            target: "(the floor)".to_owned(),
-            met: None,
-        });
+        report.rows.push(events_row(
+            "decode_only",
+            &size,
+            best,
+            lines,
+            "",
+            ("(the floor)".to_owned(), None),
+        ));
     }
     // On one thread first: the pipelined replay frees its state in the
     // background, which must not overlap another measurement.
@@ -992,20 +1012,17 @@ fn replay_scenario(report: &mut Report, n: usize, which: ReplayScenarios) -> Res
         let elapsed = start.elapsed();
         let per_second = lines as f64 / elapsed.as_secs_f64();
         report.number("replay_one_thread_events_per_s", per_second);
-        report.rows.push(Row {
-            name: "replay_one_thread".to_owned(),
-            n: format!("{size} events"),
-            total: human(elapsed.as_secs_f64()),
-            rate: format!(
-                "{} events ({:.2} us/event), decoding on the same thread",
-                rate(per_second),
-                1e6 / per_second
-            ),
-            target: decode_rate
-                .map(|decode| format!("(ratio {:.3})", per_second / decode))
-                .unwrap_or_default(),
-            met: None,
-        });
+        let ratio = decode_rate
+            .map(|decode| format!("(ratio {:.3})", per_second / decode))
+            .unwrap_or_default();
+        report.rows.push(events_row(
+            "replay_one_thread",
+            &size,
+            elapsed,
+            lines,
+            ", decoding on the same thread",
+            (ratio, None),
+        ));
         one_thread_result = Some(output.result);
     }
     if replay {
@@ -1050,19 +1067,15 @@ fn replay_scenario(report: &mut Report, n: usize, which: ReplayScenarios) -> Res
             }
             None => (String::new(), None),
         };
-        report.rows.push(Row {
-            name: "replay".to_owned(),
-            n: format!("{size} events"),
-            total: human(elapsed.as_secs_f64()),
-            rate: format!(
-                "{} events ({:.2} us/event), {} services at end",
-                rate(per_second),
-                1e6 / per_second,
-                output.result.services.len()
-            ),
-            target,
-            met,
-        });
+        let services = format!(", {} services at end", output.result.services.len());
+        report.rows.push(events_row(
+            "replay",
+            &size,
+            elapsed,
+            lines,
+            &services,
+            (target, met),
+        ));
     }
     Ok(())
 }
