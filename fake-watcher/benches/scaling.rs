@@ -40,18 +40,14 @@ use std::io::{BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use allocator::spec::IPAddressPoolSpec;
 use allocator::{Allocator, Family, FamilyPolicy, Port, Protocol, Request, Subject};
 use fake_watcher::{
-    decode_event, replay_blocking, replay_pipelined, Change, Delta, Kind, MemoryClient, ObjectRef,
-    ReplayOptions, ReplayStore, StreamReader, WatchEvent,
+    decode_event, replay_blocking, replay_pipelined, Kind, ObjectRef, Plugin, ReplayOptions,
+    StreamReader, WatchEvent,
 };
-use manager::{AllocatingController, Client, ControllerConfig, Manager, ManagerConfig};
-use subscriber::{PoolChain, PoolHandler, ServiceChain, ServiceHandler};
-use tokio_util::sync::CancellationToken;
 
 /// Counts live heap bytes (`allocated()`), for the allocator's bytes per
 /// address, over mimalloc, the allocator of the `fake-watcher` binary. Its
@@ -1094,97 +1090,38 @@ struct MassDelete {
 
 /// The plugin wired as the replay wires it, driven directly.
 struct Rig {
-    store: Arc<ReplayStore>,
-    controller: Arc<AllocatingController>,
-    manager: Manager<AllocatingController>,
-    services: Arc<ServiceChain>,
-    pools: PoolChain,
-    cancel: CancellationToken,
-    /// `None` once joined.
-    worker: Option<tokio::task::JoinHandle<()>>,
+    plugin: Plugin,
 }
 
 impl Rig {
     /// Must be called inside a tokio runtime (it starts the worker).
     fn start() -> Self {
-        let store = Arc::new(ReplayStore::new());
-        let cache = store.cache();
-        let client = Arc::new(MemoryClient::new(Arc::clone(&store), None));
-        let controller = Arc::new(AllocatingController::new(
-            Arc::clone(&cache) as Arc<dyn manager::Store>,
-            Arc::clone(&client) as Arc<dyn Client>,
-            ControllerConfig::default(),
-        ));
-        let manager = Manager::new(
-            cache as Arc<dyn manager::Store>,
-            Arc::clone(&controller),
-            ManagerConfig::default(),
-        );
-        let handler = Arc::new(manager.clone());
-        let mut services = ServiceChain::new();
-        services.register("manager", Arc::clone(&handler) as Arc<dyn ServiceHandler>);
-        let mut pools = PoolChain::new();
-        pools.register("manager", handler as Arc<dyn PoolHandler>);
-        let services = Arc::new(services);
-        client.deliver_to(&services);
-        let cancel = CancellationToken::new();
-        let worker = manager.start(cancel.clone());
         Self {
-            store,
-            controller,
-            manager,
-            services,
-            pools,
-            cancel,
-            worker: Some(worker),
+            plugin: Plugin::start(&ReplayOptions::default()),
         }
     }
 
     async fn apply(&self, event: WatchEvent) -> Result<()> {
-        match self.store.apply(event)? {
-            Change::Service(Delta::Added(new)) => self.services.on_add_service(&new).await?,
-            Change::Service(Delta::Updated { old, new }) => {
-                self.services.on_update_service(&old, &new).await?;
-            }
-            Change::Service(Delta::Deleted(old)) => self.services.on_delete_service(&old).await?,
-            Change::Pool(Delta::Added(new)) => self.pools.on_add_pool(&new).await?,
-            Change::Pool(Delta::Updated { old, new }) => {
-                self.pools.on_update_pool(&old, &new).await?;
-            }
-            Change::Pool(Delta::Deleted(old)) => self.pools.on_delete_pool(&old).await?,
-            _ => {}
-        }
+        let change = self.plugin.store.apply(event)?;
+        self.plugin.deliver(&change).await?;
         Ok(())
     }
 
     /// Waits until the manager is idle: true, or its worker stopped (it was
     /// cancelled): false.
     async fn wait(&mut self) -> bool {
-        let Some(worker) = self.worker.as_mut() else {
-            return false;
-        };
-        tokio::select! {
-            () = self.manager.idle() => true,
-            _ = worker => {
-                self.worker = None;
-                false
-            }
-        }
+        self.plugin.idle().await.is_ok()
     }
 
     async fn idle(&mut self) -> Result<()> {
-        if self.wait().await {
-            Ok(())
-        } else {
-            Err("the manager's worker stopped".into())
-        }
+        self.plugin
+            .idle()
+            .await
+            .map_err(|not_idle| format!("the manager is not idle: {not_idle:?}").into())
     }
 
-    async fn stop(self) {
-        self.cancel.cancel();
-        if let Some(worker) = self.worker {
-            let _ = worker.await;
-        }
+    async fn stop(mut self) {
+        let _ = self.plugin.stop().await;
     }
 }
 
@@ -1203,10 +1140,10 @@ async fn mass_delete_setup(scale: &MassDelete) -> Result<Rig> {
     for line in lines.split(|&b| b == b'\n').filter(|line| !line.is_empty()) {
         rig.apply(decode_event(std::str::from_utf8(line)?)?).await?;
     }
-    rig.manager.mark_synced();
+    rig.plugin.manager.mark_synced();
     rig.idle().await?;
-    let holding = rig.controller.holdings().len();
-    let waiting = rig.manager.waiting_keys().len();
+    let holding = rig.plugin.controller.holdings().len();
+    let waiting = rig.plugin.manager.waiting_keys().len();
     if holding != scale.held || waiting != scale.waiting {
         return Err(format!(
             "setup: {holding} holding and {waiting} waiting, expected {} and {}",
@@ -1241,12 +1178,13 @@ struct Burst {
 /// passed (a watchdog thread then cancels the worker, which stops after
 /// the key in flight).
 async fn delete_burst(rig: &mut Rig, scale: &MassDelete, budget: Duration) -> Result<Burst> {
-    let before = rig.controller.stats().reconciliations;
+    let before = rig.plugin.controller.stats().reconciliations;
     let (done, watch) = std::sync::mpsc::channel::<()>();
-    let cancel = rig.cancel.clone();
+    let cancel = rig.plugin.cancel_token();
+    let watchdog_cancel = cancel.clone();
     let watchdog = std::thread::spawn(move || {
         if watch.recv_timeout(budget) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
-            cancel.cancel();
+            watchdog_cancel.cancel();
         }
     });
     let start = Instant::now();
@@ -1257,12 +1195,12 @@ async fn delete_burst(rig: &mut Rig, scale: &MassDelete, budget: Duration) -> Re
     let elapsed = start.elapsed();
     let _ = done.send(());
     let _ = watchdog.join();
-    if !finished && !rig.cancel.is_cancelled() {
+    if !finished && !cancel.is_cancelled() {
         return Err("the manager's worker stopped".into());
     }
     Ok(Burst {
         elapsed,
-        reconciles: rig.controller.stats().reconciliations - before,
+        reconciles: rig.plugin.controller.stats().reconciliations - before,
         finished,
     })
 }
@@ -1292,8 +1230,8 @@ fn mass_delete_scenario(report: &mut Report, scale: &MassDelete) -> Result<()> {
         let setup = start.elapsed();
         let burst = delete_burst(&mut rig, scale, scale.budget).await?;
         if burst.finished {
-            let holding = rig.controller.holdings().len();
-            let waiting = rig.manager.waiting_keys().len();
+            let holding = rig.plugin.controller.holdings().len();
+            let waiting = rig.plugin.manager.waiting_keys().len();
             let expected = scale.held - scale.deleted + scale.waiting;
             if holding != expected || waiting != 0 {
                 return Err::<_, Error>(
@@ -1317,7 +1255,7 @@ fn mass_delete_scenario(report: &mut Report, scale: &MassDelete) -> Result<()> {
             rig.apply(WatchEvent::Deleted(deleted_ref(k))).await?;
             rig.idle().await?;
         }
-        let before = rig.controller.stats().reconciliations;
+        let before = rig.plugin.controller.stats().reconciliations;
         let start = Instant::now();
         let mut made = 0;
         for k in SERIAL_WARMUP..SERIAL_WARMUP + scale.serial {
@@ -1329,7 +1267,7 @@ fn mass_delete_scenario(report: &mut Report, scale: &MassDelete) -> Result<()> {
             }
         }
         let elapsed = start.elapsed();
-        let reconciles = rig.controller.stats().reconciliations - before;
+        let reconciles = rig.plugin.controller.stats().reconciliations - before;
         rig.stop().await;
         Ok::<_, Error>((elapsed, reconciles, made))
     })?;

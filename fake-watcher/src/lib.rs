@@ -20,6 +20,7 @@ mod config;
 pub mod corpus;
 mod lookahead;
 mod output;
+mod plugin;
 mod replay;
 mod result;
 mod source;
@@ -30,6 +31,7 @@ pub use client::{EventRecord, FailurePlan, MemoryClient, WriteOutcome, WriteReco
 pub use config::{load_legacy_config, parse_legacy_config, ConfigError};
 pub use lookahead::SPOOL_MEMORY_BYTES;
 pub use output::{render, render_json, render_table, render_yaml, OutputError, OutputFormat};
+pub use plugin::{NotIdle, Plugin};
 pub use replay::{
     replay, replay_blocking, replay_pipelined, replay_with, Observer, ReplayError, ReplayOptions,
     ReplayOutput, WRITES_PER_LINE, WRITES_PER_SERVICE,

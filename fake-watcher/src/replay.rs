@@ -12,27 +12,20 @@
 //! controller writes past a per-line limit ([`WRITES_PER_LINE`]).
 
 use std::io::BufRead;
-use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
-use manager::{
-    AllocatingController, Client, ControllerConfig, Manager, ManagerConfig, Store, POOL_ANNOTATION,
-};
-use subscriber::{
-    IPAddressPool, NamespaceChain, NamespaceHandler, PoolChain, PoolHandler, ServiceChain,
-    ServiceHandler,
-};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use manager::{ManagerConfig, POOL_ANNOTATION};
+use subscriber::IPAddressPool;
 
-use crate::client::{FailurePlan, MemoryClient};
+use crate::client::FailurePlan;
 use crate::lookahead::SPOOL_MEMORY_BYTES;
+use crate::plugin::{NotIdle, Plugin};
 use crate::result::{
     Count, FamilyResult, HoldingRecord, PoolResult, RejectedPoolResult, ReplayResult,
     ServiceResult, TraceEvent, TraceStep,
 };
 use crate::source::{Read, ReadOptions, Reads, Source};
-use crate::store::{Change, Delta, ReplayStore, StoreError};
+use crate::store::{Change, StoreError};
 use crate::stream::{LineError, Object, StreamError, WatchEvent, DEFAULT_MAX_LINE_BYTES};
 
 /// Write attempts allowed for one line: this many, plus
@@ -300,7 +293,7 @@ async fn run(
             kind: Some(object.kind().to_string()),
             key: Some(object.key()),
         };
-        let change = host.store.upsert(object)?;
+        let change = host.plugin.store.upsert(object)?;
         host.apply(0, Some(event), &change, output).await?;
     }
     match source.next().await {
@@ -332,7 +325,7 @@ async fn run(
             WatchEvent::Bookmark | WatchEvent::Skipped { .. } => continue,
             WatchEvent::Synced => {
                 if !host.synced {
-                    let mark = host.client.mark();
+                    let mark = host.plugin.client.mark();
                     host.mark_synced(record.line).await?;
                     let event = TraceEvent {
                         event_type: "SYNCED".to_owned(),
@@ -347,7 +340,7 @@ async fn run(
         };
         // Only a trace shows it (two strings per line otherwise wasted).
         let trace_event = host.trace.then(|| trace_event(&event));
-        let change = match host.store.apply(event) {
+        let change = match host.plugin.store.apply(event) {
             Ok(change) => change,
             Err(error) => {
                 let error = StreamError {
@@ -399,17 +392,9 @@ fn trace_event(event: &WatchEvent) -> TraceEvent {
     }
 }
 
-/// The plugin wired as a host wires it.
+/// The plugin, and the bookkeeping of the lines replayed through it.
 struct Host {
-    store: Arc<ReplayStore>,
-    client: Arc<MemoryClient>,
-    controller: Arc<AllocatingController>,
-    manager: Manager<AllocatingController>,
-    services: Arc<ServiceChain>,
-    pools: Arc<PoolChain>,
-    namespaces: Arc<NamespaceChain>,
-    cancel: CancellationToken,
-    worker: Option<JoinHandle<()>>,
+    plugin: Plugin,
     /// The stream's name, for errors.
     file: String,
     synced: bool,
@@ -419,57 +404,12 @@ struct Host {
     writes_per_service: u64,
 }
 
-impl Drop for Host {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-    }
-}
-
 impl Host {
     /// Builds everything and starts the manager's worker (on the current
     /// tokio runtime).
     fn start(file: &str, options: &ReplayOptions) -> Self {
-        let store = Arc::new(ReplayStore::new());
-        let cache = store.cache();
-        let client = Arc::new(MemoryClient::new(Arc::clone(&store), options.failures));
-        if !options.trace {
-            client.forget_writes();
-        }
-        let config = ControllerConfig {
-            lb_class: options.lb_class.clone(),
-            exhaustive: options.exhaustive,
-        };
-        let controller = Arc::new(AllocatingController::new(
-            Arc::clone(&cache) as Arc<dyn Store>,
-            Arc::clone(&client) as Arc<dyn Client>,
-            config,
-        ));
-        let manager = Manager::new(
-            cache as Arc<dyn Store>,
-            Arc::clone(&controller),
-            options.manager.clone(),
-        );
-        let handler = Arc::new(manager.clone());
-        let mut services = ServiceChain::new();
-        services.register("manager", Arc::clone(&handler) as Arc<dyn ServiceHandler>);
-        let mut pools = PoolChain::new();
-        pools.register("manager", Arc::clone(&handler) as Arc<dyn PoolHandler>);
-        let mut namespaces = NamespaceChain::new();
-        namespaces.register("manager", handler as Arc<dyn NamespaceHandler>);
-        let services = Arc::new(services);
-        client.deliver_to(&services);
-        let cancel = CancellationToken::new();
-        let worker = manager.start(cancel.clone());
         Self {
-            store,
-            client,
-            controller,
-            manager,
-            services,
-            pools: Arc::new(pools),
-            namespaces: Arc::new(namespaces),
-            cancel,
-            worker: Some(worker),
+            plugin: Plugin::start(options),
             file: file.to_owned(),
             synced: false,
             trace: options.trace,
@@ -483,48 +423,34 @@ impl Host {
     /// for the sync passes.
     async fn mark_synced(&mut self, line: u64) -> Result<(), ReplayError> {
         let writes = self.begin_line();
-        self.manager.mark_synced();
+        self.plugin.manager.mark_synced();
         self.synced = true;
         self.idle(line, writes).await
     }
 
     /// Sets the write limit of a new line; returns the writes it allows.
     fn begin_line(&self) -> u64 {
-        let services = u64::try_from(self.store.cache().services.len()).unwrap_or(u64::MAX);
+        let services = u64::try_from(self.plugin.store.cache().services.len()).unwrap_or(u64::MAX);
         let writes = self
             .writes_per_service
             .saturating_mul(services)
             .saturating_add(self.writes_per_line);
-        let limit = self.client.attempts().saturating_add(writes);
-        self.client.limit_attempts(limit);
+        let limit = self.plugin.client.attempts().saturating_add(writes);
+        self.plugin.client.limit_attempts(limit);
         writes
     }
 
     /// Waits until the manager is idle; fails if its worker stopped or the
     /// controller went past the line's write limit.
     async fn idle(&mut self, line: u64, writes: u64) -> Result<(), ReplayError> {
-        let Some(worker) = self.worker.as_mut() else {
-            return Err(ReplayError::Worker("it is not running".to_owned()));
-        };
-        let stopped = tokio::select! {
-            () = self.manager.idle() => return Ok(()),
-            () = self.client.overrun() => None,
-            joined = worker => Some(joined),
-        };
-        match stopped {
-            None => Err(ReplayError::NoConvergence {
+        self.plugin.idle().await.map_err(|not_idle| match not_idle {
+            NotIdle::Overrun => ReplayError::NoConvergence {
                 file: self.file.clone(),
                 line,
                 writes,
-            }),
-            Some(joined) => {
-                self.worker = None;
-                Err(ReplayError::Worker(match joined {
-                    Ok(()) => "it returned".to_owned(),
-                    Err(error) => error.to_string(),
-                }))
-            }
-        }
+            },
+            NotIdle::Stopped(why) => ReplayError::Worker(why),
+        })
     }
 
     /// Delivers a write's event to the chains, waits for the manager (after
@@ -536,9 +462,9 @@ impl Host {
         change: &Change,
         output: &mut ReplayOutput,
     ) -> Result<(), ReplayError> {
-        let mark = self.client.mark();
+        let mark = self.plugin.client.mark();
         let writes = self.begin_line();
-        let errors = match self.deliver(change).await {
+        let errors = match self.plugin.deliver(change).await {
             Ok(()) => Vec::new(),
             Err(error) => {
                 tracing::warn!(line, %error, "a handler failed");
@@ -552,30 +478,6 @@ impl Host {
         Ok(())
     }
 
-    async fn deliver(&self, change: &Change) -> Result<(), subscriber::Error> {
-        match change {
-            Change::Service(delta) => match delta {
-                Delta::Added(new) => self.services.on_add_service(new).await,
-                Delta::Updated { old, new } => self.services.on_update_service(old, new).await,
-                Delta::Deleted(old) => self.services.on_delete_service(old).await,
-                Delta::Unchanged => Ok(()),
-            },
-            Change::Pool(delta) => match delta {
-                Delta::Added(new) => self.pools.on_add_pool(new).await,
-                Delta::Updated { old, new } => self.pools.on_update_pool(old, new).await,
-                Delta::Deleted(old) => self.pools.on_delete_pool(old).await,
-                Delta::Unchanged => Ok(()),
-            },
-            Change::Namespace(delta) => match delta {
-                Delta::Added(new) => self.namespaces.on_add_namespace(new).await,
-                Delta::Updated { old, new } => self.namespaces.on_update_namespace(old, new).await,
-                Delta::Deleted(old) => self.namespaces.on_delete_namespace(old).await,
-                Delta::Unchanged => Ok(()),
-            },
-            Change::None => Ok(()),
-        }
-    }
-
     /// Records the step of `line`: what was written and emitted since `mark`
     /// (`event` is `None` only when no trace is kept).
     fn record(
@@ -587,7 +489,11 @@ impl Host {
         output: &mut ReplayOutput,
     ) {
         let violations = if self.check_invariants && self.synced {
-            self.controller.check_invariants().err().unwrap_or_default()
+            self.plugin
+                .controller
+                .check_invariants()
+                .err()
+                .unwrap_or_default()
         } else {
             Vec::new()
         };
@@ -597,8 +503,9 @@ impl Host {
         let (true, Some(event)) = (self.trace, event) else {
             return;
         };
-        let (writes, events) = self.client.since(mark);
+        let (writes, events) = self.plugin.client.since(mark);
         let holdings = self
+            .plugin
             .controller
             .holdings()
             .into_iter()
@@ -623,6 +530,7 @@ impl Host {
     /// takes the Events out of the client's log (called once, at the end).
     fn result(&self) -> ReplayResult {
         let services = self
+            .plugin
             .store
             .services()
             .into_iter()
@@ -634,6 +542,7 @@ impl Host {
             assigned: Count::from(stats.assigned),
         };
         let pools = self
+            .plugin
             .controller
             .pool_stats()
             .into_iter()
@@ -644,6 +553,7 @@ impl Host {
             })
             .collect();
         let rejected_pools = self
+            .plugin
             .controller
             .rejected_pools()
             .into_iter()
@@ -654,7 +564,7 @@ impl Host {
             .collect();
         ReplayResult {
             services,
-            events: self.client.take_events(),
+            events: self.plugin.client.take_events(),
             pools,
             rejected_pools,
         }
@@ -663,13 +573,7 @@ impl Host {
     /// Stops the worker, then frees everything as `teardown` says; fails if
     /// the worker had panicked.
     async fn stop(mut self, teardown: Teardown) -> Result<(), ReplayError> {
-        self.cancel.cancel();
-        let stopped = match self.worker.take() {
-            Some(worker) => worker
-                .await
-                .map_err(|error| ReplayError::Worker(error.to_string())),
-            None => Ok(()),
-        };
+        let stopped = self.plugin.stop().await.map_err(ReplayError::Worker);
         if teardown == Teardown::Background {
             // If no thread can be had, the closure (and the host) is
             // dropped here instead.

@@ -73,6 +73,11 @@ fn events_of<'a>(result: &'a ReplayResult, key: &str) -> Vec<(&'a str, &'a str)>
         .collect()
 }
 
+/// The result's entry for `key`.
+fn service_of(result: &ReplayResult, key: &str) -> Option<ServiceResult> {
+    result.services.iter().find(|s| s.key == key).cloned()
+}
+
 /// The good pool, `ns/before`, the bad line, `ns/after`.
 fn around(bad: String) -> Vec<String> {
     vec![
@@ -85,14 +90,14 @@ fn around(bad: String) -> Vec<String> {
 
 /// What the bystanders get when nothing disturbs them.
 fn undisturbed(result: &ReplayResult) {
-    let find = |key: &str| result.services.iter().find(|s| s.key == key);
+    let find = |key: &str| service_of(result, key);
     assert_eq!(
         find("ns/before"),
-        Some(&service("ns/before", &["10.0.0.0"], Some("good")))
+        Some(service("ns/before", &["10.0.0.0"], Some("good")))
     );
     assert_eq!(
         find("ns/after"),
-        Some(&service("ns/after", &["10.0.0.1"], Some("good")))
+        Some(service("ns/after", &["10.0.0.1"], Some("good")))
     );
     assert_eq!(result.pools.len(), 1, "{:?}", result.pools);
     assert_eq!(result.pools[0].name, "good");
@@ -418,14 +423,7 @@ fn a_status_address_that_does_not_parse_is_cleared() {
             ("IPAllocated", "Assigned IP [\"10.0.0.1\"]"),
         ]
     );
-    let find = |key: &str| {
-        output
-            .result
-            .services
-            .iter()
-            .find(|s| s.key == key)
-            .cloned()
-    };
+    let find = |key: &str| service_of(&output.result, key);
     assert_eq!(
         find("ns/bad"),
         Some(service("ns/bad", &["10.0.0.1"], Some("good")))
@@ -564,14 +562,7 @@ fn a_ten_megabyte_line() {
     let big = lb("big", json!({ "example.com/blob": blob }), json!({}));
     assert!(big.len() > 10 << 20);
     let output = replay(&around(big), &ReplayOptions::default()).unwrap();
-    let find = |key: &str| {
-        output
-            .result
-            .services
-            .iter()
-            .find(|s| s.key == key)
-            .cloned()
-    };
+    let find = |key: &str| service_of(&output.result, key);
     assert_eq!(
         find("ns/big"),
         Some(service("ns/big", &["10.0.0.1"], Some("good")))

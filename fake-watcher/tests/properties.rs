@@ -413,37 +413,28 @@ fn service_object(svc: &Svc) -> Value {
         }
         _ => {}
     }
-    match svc.kind {
-        0 => {
-            spec.insert("type".into(), json!("LoadBalancer"));
-        }
-        1 => {
-            spec.insert("type".into(), json!("ClusterIP"));
-        }
-        2 => {
-            spec.insert("type".into(), json!("LoadBalancer"));
-            spec.insert("loadBalancerClass".into(), json!("other"));
-        }
-        _ => {}
-    }
-    match svc.family {
-        1 => {
-            spec.insert("ipFamilies".into(), json!(["IPv6"]));
-        }
-        2 => {
-            spec.insert("ipFamilyPolicy".into(), json!("RequireDualStack"));
-        }
-        3 => {
-            spec.insert("ipFamilyPolicy".into(), json!("PreferDualStack"));
-        }
-        4 => {
-            spec.insert("ipFamilyPolicy".into(), json!("PreferDualStack"));
-            spec.insert("ipFamilies".into(), json!(["IPv6", "IPv4"]));
-        }
-        5 => {
-            spec.insert("clusterIP".into(), json!("None"));
-        }
-        _ => {}
+    let kind = match svc.kind {
+        0 => vec![("type", json!("LoadBalancer"))],
+        1 => vec![("type", json!("ClusterIP"))],
+        2 => vec![
+            ("type", json!("LoadBalancer")),
+            ("loadBalancerClass", json!("other")),
+        ],
+        _ => vec![],
+    };
+    let family = match svc.family {
+        1 => vec![("ipFamilies", json!(["IPv6"]))],
+        2 => vec![("ipFamilyPolicy", json!("RequireDualStack"))],
+        3 => vec![("ipFamilyPolicy", json!("PreferDualStack"))],
+        4 => vec![
+            ("ipFamilyPolicy", json!("PreferDualStack")),
+            ("ipFamilies", json!(["IPv6", "IPv4"])),
+        ],
+        5 => vec![("clusterIP", json!("None"))],
+        _ => vec![],
+    };
+    for (field, value) in kind.into_iter().chain(family) {
+        spec.insert(field.into(), value);
     }
     let ports: Vec<Value> = PORTS
         .iter()
