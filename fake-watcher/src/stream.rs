@@ -646,25 +646,28 @@ fn decode_as<T: DeserializeOwned>(kind: Kind, object: Map<String, Value>) -> Res
 
 fn require_name(kind: Kind, name: Option<&str>) -> Result<(), LineError> {
     match name {
-        Some(name) if name.contains('/') => Err(LineError::BadName {
-            kind,
-            field: "metadata.name",
-            value: name.to_owned(),
-        }),
-        Some(name) if !name.is_empty() => Ok(()),
+        Some(name) if !name.is_empty() => no_slash(kind, "metadata.name", name),
         _ => Err(LineError::MissingName { kind }),
     }
 }
 
 fn check_namespace(kind: Kind, namespace: Option<&str>) -> Result<(), LineError> {
-    match namespace {
-        Some(namespace) if namespace.contains('/') => Err(LineError::BadName {
+    namespace.map_or(Ok(()), |namespace| {
+        no_slash(kind, "metadata.namespace", namespace)
+    })
+}
+
+/// A `/` in a name or namespace would make keys ambiguous (`x`/`a/b` and
+/// `x/a`/`b`); an API server never hands one out.
+fn no_slash(kind: Kind, field: &'static str, value: &str) -> Result<(), LineError> {
+    if value.contains('/') {
+        return Err(LineError::BadName {
             kind,
-            field: "metadata.namespace",
-            value: namespace.to_owned(),
-        }),
-        _ => Ok(()),
+            field,
+            value: value.to_owned(),
+        });
     }
+    Ok(())
 }
 
 fn decode_object(kind: Kind, object: Map<String, Value>) -> Result<Object, LineError> {

@@ -21,8 +21,8 @@ use subscriber::IPAddressPool;
 use tracing::{debug, info, warn};
 
 use super::service::{
-    is_ours, pool_annotation, same_but_written, status_ip_strings, status_ips, status_shows,
-    ServiceView, NO_LABELS,
+    is_ours, parse_status, pool_annotation, same_but_written, status_ip_strings, status_shows,
+    status_texts, ServiceView, NO_LABELS,
 };
 use super::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState};
 use crate::client::{Client, Event, EventType, ServiceWrite};
@@ -350,8 +350,8 @@ impl AllocatingController {
             Ok(ips) => (ips.as_slice(), None),
             Err(reason) => (no_addresses, Some(reason.clone())),
         };
-        let status = status_ips(service);
         let status_strings = status_ip_strings(service);
+        let status = parse_status(&status_strings);
 
         match view.families {
             None => {
@@ -527,7 +527,7 @@ impl AllocatingController {
         let is_load_balancer =
             service.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer");
         let ours_written = pool_annotation(service).is_some();
-        let anything_written = ours_written || !status_ip_strings(service).is_empty();
+        let anything_written = ours_written || status_texts(service).next().is_some();
         if released.is_some() && anything_written {
             state.owed_clears.insert(key.to_owned());
         }
@@ -565,7 +565,7 @@ impl AllocatingController {
         }
         let view = ServiceView::new(service);
         let namespace = self.store.namespace(view.namespace);
-        let kept = match (status_ips(service), view.families) {
+        let kept = match (parse_status(&status_strings), view.families) {
             (Err(reason), _) => Err(reason),
             (Ok(_), None) => Err("the service has no cluster IP".to_owned()),
             (Ok(ips), Some(families)) => {

@@ -238,48 +238,40 @@ fn families(service: &Service) -> Option<FamilyPolicy> {
     }
 }
 
-/// The addresses in `status.loadBalancer.ingress`, in order; an entry that
-/// does not parse is returned as an error (it cannot be kept).
-pub(crate) fn status_ips(service: &Service) -> Result<Vec<IpAddr>, String> {
-    status_ip_strings(service)
-        .into_iter()
-        .map(|text| {
-            text.parse()
-                .map_err(|_| format!("status address {:?} is not an IP address", shortened(&text)))
-        })
-        .collect()
-}
-
-/// The `ip` of every ingress entry that has one, as written.
-pub(crate) fn status_ip_strings(service: &Service) -> Vec<String> {
+/// The `ip` of every ingress entry that has one, as written, in order.
+pub(crate) fn status_texts(service: &Service) -> impl Iterator<Item = &str> {
     service
         .status
         .as_ref()
         .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|ingress| {
-            ingress
-                .iter()
-                .filter_map(|i| i.ip.clone())
-                .filter(|ip| !ip.is_empty())
-                .collect()
-        })
+        .and_then(|lb| lb.ingress.as_deref())
         .unwrap_or_default()
+        .iter()
+        .filter_map(|i| i.ip.as_deref())
+        .filter(|ip| !ip.is_empty())
+}
+
+/// [`status_texts`], owned.
+pub(crate) fn status_ip_strings(service: &Service) -> Vec<String> {
+    status_texts(service).map(str::to_owned).collect()
+}
+
+/// The status addresses (from [`status_ip_strings`]) parsed; an entry that
+/// does not parse is an error (it cannot be kept).
+pub(crate) fn parse_status(texts: &[String]) -> Result<Vec<IpAddr>, String> {
+    texts
+        .iter()
+        .map(|text| {
+            text.parse()
+                .map_err(|_| format!("status address {:?} is not an IP address", shortened(text)))
+        })
+        .collect()
 }
 
 /// Whether `status.loadBalancer.ingress` shows exactly `ips`, in order and
 /// written as the controller writes them (so no write would change it).
 pub(crate) fn status_shows(service: &Service, ips: &[IpAddr]) -> bool {
-    let ingress = service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_deref())
-        .unwrap_or_default();
-    let mut shown = ingress
-        .iter()
-        .filter_map(|i| i.ip.as_deref())
-        .filter(|ip| !ip.is_empty());
+    let mut shown = status_texts(service);
     let matches = ips.iter().all(|ip| {
         shown.next().is_some_and(|text| match ip {
             // IPv4 text parses only in its one canonical form.
