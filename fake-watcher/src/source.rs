@@ -99,11 +99,11 @@ impl<R: BufRead> Iterator for Reads<R> {
     }
 }
 
-/// Reads handed over at once (one wake-up of the replay per batch, not per
-/// line).
+/// Reads the replay takes at once when the thread is ahead (one wake-up of
+/// each side per batch, not per line).
 const BATCH: usize = 64;
-/// Batches decoded ahead of the replay at most.
-const BATCHES_AHEAD: usize = 16;
+/// Reads decoded ahead of the replay at most.
+const AHEAD: usize = BATCH * 16;
 
 /// The reads as the replay takes them.
 pub(crate) enum Source<'a> {
@@ -111,34 +111,34 @@ pub(crate) enum Source<'a> {
     Here(Box<dyn Iterator<Item = Read> + 'a>),
     /// Read and decoded by a thread of its own.
     Thread {
-        batches: mpsc::Receiver<Vec<Read>>,
-        batch: std::vec::IntoIter<Read>,
+        reads: mpsc::Receiver<Read>,
+        taken: std::vec::IntoIter<Read>,
     },
 }
 
 impl Source<'_> {
     /// The reads of `reader`, made by a new thread that runs ahead of the
-    /// replay. The thread ends when the reads do or when the source is
+    /// replay. Each read is handed over as soon as it is made (a live stream
+    /// is replayed line by line); the replay takes whatever is ready, up to
+    /// a batch. The thread ends when the reads do or when the source is
     /// dropped (after the line it is reading, if any, is read).
     pub(crate) fn thread<R>(reader: R, options: ReadOptions) -> std::io::Result<Source<'static>>
     where
         R: BufRead + Send + 'static,
     {
-        let (sender, batches) = mpsc::channel(BATCHES_AHEAD);
+        let (sender, reads) = mpsc::channel(AHEAD);
         std::thread::Builder::new()
             .name("replay-decoder".to_owned())
             .spawn(move || {
-                let mut reads = Reads::new(reader, options);
-                loop {
-                    let batch: Vec<Read> = reads.by_ref().take(BATCH).collect();
-                    if batch.is_empty() || sender.blocking_send(batch).is_err() {
+                for read in Reads::new(reader, options) {
+                    if sender.blocking_send(read).is_err() {
                         return;
                     }
                 }
             })?;
         Ok(Source::Thread {
-            batches,
-            batch: Vec::new().into_iter(),
+            reads,
+            taken: Vec::new().into_iter(),
         })
     }
 
@@ -146,12 +146,17 @@ impl Source<'_> {
     pub(crate) async fn next(&mut self) -> Option<Read> {
         match self {
             Source::Here(reads) => reads.next(),
-            Source::Thread { batches, batch } => loop {
-                if let Some(read) = batch.next() {
+            Source::Thread { reads, taken } => {
+                if let Some(read) = taken.next() {
                     return Some(read);
                 }
-                *batch = batches.recv().await?.into_iter();
-            },
+                let mut ready = Vec::with_capacity(BATCH);
+                if reads.recv_many(&mut ready, BATCH).await == 0 {
+                    return None;
+                }
+                *taken = ready.into_iter();
+                taken.next()
+            }
         }
     }
 }
@@ -197,7 +202,7 @@ mod tests {
     #[tokio::test]
     async fn a_decoding_thread_reads_what_the_replay_thread_reads() {
         // More lines than a batch holds, and more than the channel holds.
-        let text = stream(BATCH * BATCHES_AHEAD * 2 + 5);
+        let text = stream(AHEAD * 2 + 5);
         let here: Vec<String> = Reads::new(text.as_bytes(), options())
             .map(|read| shown(&read))
             .collect();
@@ -215,10 +220,54 @@ mod tests {
             here.iter().any(|read| read.contains("s.jsonl:4:")),
             "{here:?}"
         );
-        assert_eq!(
-            here.last(),
-            Some(&format!("end {}", BATCH * BATCHES_AHEAD * 2 + 5))
+        assert_eq!(here.last(), Some(&format!("end {}", AHEAD * 2 + 5)));
+    }
+
+    /// A pipe whose writer is still there: each chunk sent arrives, then
+    /// reading blocks until the next (or until the sender is dropped: EOF).
+    struct Live(std::sync::mpsc::Receiver<Vec<u8>>, std::io::Cursor<Vec<u8>>);
+
+    impl std::io::Read for Live {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.1.position() >= self.1.get_ref().len() as u64 {
+                match self.0.recv() {
+                    Ok(chunk) => self.1 = std::io::Cursor::new(chunk),
+                    Err(_) => return Ok(0),
+                }
+            }
+            self.1.read(buf)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_live_stream_is_handed_over_line_by_line() {
+        let (writer, pipe) = std::sync::mpsc::channel();
+        let reader = std::io::BufReader::new(Live(pipe, std::io::Cursor::new(Vec::new())));
+        let mut source = Source::thread(reader, options()).unwrap();
+        writer
+            .send(b"{\"type\":\"SYNCED\"}\n{\"type\":\"ADDDED\"}\n".to_vec())
+            .unwrap();
+        // Both lines come while the writer is still there: nothing waits
+        // for a batch to fill up.
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let read = tokio::time::timeout(std::time::Duration::from_secs(5), source.next())
+                .await
+                .expect("a read made is handed over at once");
+            seen.push(shown(&read.unwrap()));
+        }
+        assert_eq!(seen[0], "lookahead Some(true)");
+        assert_eq!(seen[1], "1 Synced");
+        assert!(
+            seen[2].contains("s.jsonl:2: unknown event type"),
+            "{seen:?}"
         );
+        drop(writer);
+        assert_eq!(
+            source.next().await.map(|read| shown(&read)),
+            Some("end 2".to_owned())
+        );
+        assert!(source.next().await.is_none());
     }
 
     /// A reader that tells when it is dropped (when the thread ends).
@@ -252,7 +301,7 @@ mod tests {
     async fn dropping_the_source_stops_the_thread() {
         let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let reader = Watched(
-            std::io::Cursor::new(stream(BATCH * BATCHES_AHEAD * 4)),
+            std::io::Cursor::new(stream(AHEAD * 4)),
             std::sync::Arc::clone(&ended),
         );
         let mut source = Source::thread(reader, options()).unwrap();
