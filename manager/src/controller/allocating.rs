@@ -104,15 +104,20 @@ struct State {
 }
 
 impl State {
+    /// No Warning, announced clearing or owed clear is pending for `key`: a
+    /// reconciliation would have nothing of its own to carry out.
+    fn nothing_pending(&self, key: &str) -> bool {
+        !self.last_warning.contains_key(key)
+            && !self.cleared.contains_key(key)
+            && !self.owed_clears.contains(key)
+    }
+
     /// Whether reconciling the Service `key` (ours, with a valid request
     /// for `families`, object `service`) would change nothing: it holds
     /// exactly the addresses and pool its object shows, wants no further
     /// family, and no Warning, announced clearing or owed clear is pending.
     fn shows_holding(&self, key: &str, service: &Service, families: FamilyPolicy) -> bool {
-        if self.last_warning.contains_key(key)
-            || self.cleared.contains_key(key)
-            || self.owed_clears.contains(key)
-        {
+        if !self.nothing_pending(key) {
             return false;
         }
         let Some((pool, ips)) = self.allocator.held(key) else {
@@ -857,9 +862,7 @@ impl Controller for AllocatingController {
             return false;
         }
         let state = self.lock();
-        !state.last_warning.contains_key(key)
-            && !state.cleared.contains_key(key)
-            && !state.owed_clears.contains(key)
+        state.nothing_pending(key)
             && state
                 .allocator
                 .held(key)
