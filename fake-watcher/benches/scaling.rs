@@ -521,7 +521,8 @@ fn alloc_scenario(
     for &n in sizes {
         let requests = Requests::new(kind, n);
         let built = requests.build();
-        let repetitions = (budget / n).clamp(3, 30);
+        // Best of at least five: one noisy run must not set the figure.
+        let repetitions = (budget / n).clamp(5, 30);
         let mut best = Duration::MAX;
         for _ in 0..repetitions {
             let mut allocator = allocator_for(kind)?;
