@@ -283,15 +283,16 @@ impl Host {
             cancel.clone(),
         ));
 
+        let metrics = Metrics::new(synced.clone());
         let elector = LeaderElector::new(
             KubeLease::new(client.clone(), &config.lease_namespace, &config.lease_name),
             config.lease.clone(),
-        );
+        )
+        .counting(metrics.lease_errors());
         let leader = elector.subscribe();
         let gate = elector.gate();
         tasks.push(tokio::spawn(elector.run(cancel.clone())));
 
-        let metrics = Metrics::new(synced.clone());
         let shared = Arc::new(Shared {
             client,
             config,

@@ -16,7 +16,15 @@
 //! may take the Lease. A renewal that finds another holder shuts it at once.
 //! On shutdown the leader gives the Lease up so a follower takes over
 //! without waiting.
+//!
+//! An operator sees the election: a status line at INFO on every change
+//! ("leading", "following HOLDER since TIME"), and every failed Lease
+//! request counted by [`LeaseErrorReason`] and logged at WARN with what to
+//! check, at most once a minute per reason (a replica that can never lead,
+//! for want of a Role, says so at the default level).
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -43,9 +51,133 @@ pub enum LeaseError {
     Timeout,
 }
 
+/// Why a Lease request failed: the `reason` label of
+/// `kube_watcher_lease_errors_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LeaseErrorReason {
+    /// HTTP 403: the Role does not allow it.
+    Forbidden,
+    /// HTTP 404 on create: the namespace does not exist.
+    NotFound,
+    /// HTTP 409: another replica wrote the Lease first (a lost race).
+    Conflict,
+    /// No answer before the renew deadline.
+    Timeout,
+    /// Anything else (connection refused, 5xx, ...).
+    Other,
+}
+
+impl LeaseErrorReason {
+    /// Every reason, in label order.
+    pub const ALL: [LeaseErrorReason; 5] = [
+        LeaseErrorReason::Forbidden,
+        LeaseErrorReason::NotFound,
+        LeaseErrorReason::Conflict,
+        LeaseErrorReason::Timeout,
+        LeaseErrorReason::Other,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            LeaseErrorReason::Forbidden => "forbidden",
+            LeaseErrorReason::NotFound => "not_found",
+            LeaseErrorReason::Conflict => "conflict",
+            LeaseErrorReason::Timeout => "timeout",
+            LeaseErrorReason::Other => "other",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            LeaseErrorReason::Forbidden => 0,
+            LeaseErrorReason::NotFound => 1,
+            LeaseErrorReason::Conflict => 2,
+            LeaseErrorReason::Timeout => 3,
+            LeaseErrorReason::Other => 4,
+        }
+    }
+
+    /// What an operator should check, for the Lease `lease`
+    /// (`namespace/name`) in `namespace`.
+    fn hint(self, lease: &str, namespace: &str) -> String {
+        match self {
+            LeaseErrorReason::Forbidden => format!(
+                "check RBAC: the ServiceAccount needs get, create and update on \
+                 coordination.k8s.io leases in namespace {namespace:?} (a Role and \
+                 RoleBinding there; see deploy/rbac.yaml) for {lease}"
+            ),
+            LeaseErrorReason::NotFound => {
+                format!("check that namespace {namespace:?} exists (--namespace-for-leases)")
+            }
+            LeaseErrorReason::Conflict => {
+                "another replica wrote the lease first; nothing to fix".to_owned()
+            }
+            LeaseErrorReason::Timeout => {
+                "check the API server's health and the network from this pod".to_owned()
+            }
+            LeaseErrorReason::Other => {
+                "check the API server's health and this replica's credentials".to_owned()
+            }
+        }
+    }
+}
+
+impl LeaseError {
+    /// The metric reason of this error.
+    pub fn reason(&self) -> LeaseErrorReason {
+        match self {
+            LeaseError::Conflict => LeaseErrorReason::Conflict,
+            LeaseError::Timeout => LeaseErrorReason::Timeout,
+            LeaseError::Api(kube::Error::Api(status)) if status.is_forbidden() => {
+                LeaseErrorReason::Forbidden
+            }
+            LeaseError::Api(kube::Error::Api(status)) if status.is_not_found() => {
+                LeaseErrorReason::NotFound
+            }
+            LeaseError::Api(kube::Error::Api(status)) if status.is_conflict() => {
+                LeaseErrorReason::Conflict
+            }
+            LeaseError::Api(_) => LeaseErrorReason::Other,
+        }
+    }
+}
+
+/// Failed Lease requests per [`LeaseErrorReason`]. Cheap to clone; every
+/// clone counts into the same numbers.
+#[derive(Clone, Debug, Default)]
+pub struct LeaseErrorCounts(Arc<[AtomicU64; 5]>);
+
+impl LeaseErrorCounts {
+    /// Counts one failure.
+    pub fn record(&self, reason: LeaseErrorReason) {
+        if let Some(count) = self.0.get(reason.index()) {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The failures of `reason` so far.
+    pub fn get(&self, reason: LeaseErrorReason) -> u64 {
+        self.0
+            .get(reason.index())
+            .map_or(0, |count| count.load(Ordering::Relaxed))
+    }
+}
+
+/// How often a WARN is repeated for one reason while it persists.
+pub const LEASE_WARN_INTERVAL: Duration = Duration::from_secs(60);
+
 /// Reads and writes one Lease object.
 #[async_trait]
 pub trait LeaseBackend: Send + Sync + 'static {
+    /// The Lease as `namespace/name`, for logs.
+    fn describe(&self) -> String {
+        "the lease".to_owned()
+    }
+    /// The Lease's namespace, for hints in logs.
+    fn namespace(&self) -> String {
+        String::new()
+    }
     /// The Lease, or `None` when it does not exist.
     async fn get(&self) -> Result<Option<Lease>, LeaseError>;
     /// Creates the Lease, named by the backend ([`LeaseError::Conflict`]
@@ -60,6 +192,7 @@ pub trait LeaseBackend: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct KubeLease {
     api: Api<Lease>,
+    namespace: String,
     name: String,
 }
 
@@ -76,6 +209,7 @@ impl KubeLease {
     pub fn new(client: kube::Client, namespace: &str, name: &str) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
+            namespace: namespace.to_owned(),
             name: name.to_owned(),
         }
     }
@@ -90,6 +224,14 @@ fn api_error(error: kube::Error) -> LeaseError {
 
 #[async_trait]
 impl LeaseBackend for KubeLease {
+    fn describe(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    fn namespace(&self) -> String {
+        self.namespace.clone()
+    }
+
     async fn get(&self) -> Result<Option<Lease>, LeaseError> {
         self.api.get_opt(&self.name).await.map_err(api_error)
     }
@@ -189,6 +331,7 @@ impl LeaderGate {
 #[derive(Clone, Debug, PartialEq)]
 struct Observed {
     holder: Option<String>,
+    acquire_time: Option<String>,
     renew_time: Option<String>,
     resource_version: Option<String>,
     duration: Duration,
@@ -201,6 +344,11 @@ pub struct LeaderElector<B> {
     gate: LeaderGate,
     leader: watch::Sender<bool>,
     observed: Option<(Observed, Instant)>,
+    errors: LeaseErrorCounts,
+    /// When each reason was last logged at WARN.
+    warned: HashMap<LeaseErrorReason, Instant>,
+    /// The holder the last "following" line named.
+    announced: Option<String>,
 }
 
 impl<B> std::fmt::Debug for LeaderElector<B> {
@@ -221,7 +369,73 @@ impl<B: LeaseBackend> LeaderElector<B> {
             gate: LeaderGate::default(),
             leader: watch::Sender::new(false),
             observed: None,
+            errors: LeaseErrorCounts::default(),
+            warned: HashMap::new(),
+            announced: None,
         }
+    }
+
+    /// Counts failed requests into `errors` (the host's metrics).
+    #[must_use]
+    pub fn counting(mut self, errors: LeaseErrorCounts) -> Self {
+        self.errors = errors;
+        self
+    }
+
+    /// The failed requests counted so far.
+    pub fn errors(&self) -> LeaseErrorCounts {
+        self.errors.clone()
+    }
+
+    /// Counts `error` and logs it: WARN with what to check, at most once per
+    /// [`LEASE_WARN_INTERVAL`] per reason, DEBUG otherwise (and always for a
+    /// lost race, which is routine).
+    fn report(&mut self, error: &LeaseError, doing: &str) {
+        let reason = error.reason();
+        self.errors.record(reason);
+        let now = Instant::now();
+        let due = reason != LeaseErrorReason::Conflict
+            && self
+                .warned
+                .get(&reason)
+                .is_none_or(|last| now.duration_since(*last) >= LEASE_WARN_INTERVAL);
+        let lease = self.backend.describe();
+        if due {
+            self.warned.insert(reason, now);
+            let hint = reason.hint(&lease, &self.backend.namespace());
+            tracing::warn!(
+                %lease,
+                reason = reason.label(),
+                %error,
+                "cannot {doing} the lease {lease} ({}): {hint}; kube_watcher_lease_errors_total counts every failure, this is logged at most once a minute",
+                reason.label()
+            );
+        } else {
+            tracing::debug!(%lease, reason = reason.label(), %error, "cannot {doing} the lease");
+        }
+    }
+
+    /// Logs "following HOLDER since TIME" when the holder changed.
+    fn announce_holder(&mut self) {
+        let Some((observed, _)) = &self.observed else {
+            return;
+        };
+        let Some(holder) = observed.holder.clone().filter(|h| !h.is_empty()) else {
+            return;
+        };
+        if holder == self.config.identity || self.announced.as_ref() == Some(&holder) {
+            return;
+        }
+        let since = observed
+            .acquire_time
+            .clone()
+            .unwrap_or_else(|| "an unknown time".to_owned());
+        tracing::info!(
+            lease = %self.backend.describe(),
+            leader = %holder,
+            "following {holder} since {since}"
+        );
+        self.announced = Some(holder);
     }
 
     /// The gate the writers check.
@@ -241,7 +455,12 @@ impl<B: LeaseBackend> LeaderElector<B> {
             if !self.acquire(&cancel).await {
                 break;
             }
-            tracing::info!(identity = %self.config.identity, "became the leader");
+            tracing::info!(
+                identity = %self.config.identity,
+                lease = %self.backend.describe(),
+                "leading"
+            );
+            self.announced = None;
             self.leader.send_replace(true);
             let cancelled = self.renew(&cancel).await;
             self.gate.shut();
@@ -266,8 +485,8 @@ impl<B: LeaseBackend> LeaderElector<B> {
                     self.gate.open_until(started + self.config.renew_deadline);
                     return true;
                 }
-                Ok(false) => {}
-                Err(error) => tracing::debug!(%error, "could not acquire the lease"),
+                Ok(false) => self.announce_holder(),
+                Err(error) => self.report(&error, "acquire"),
             }
             tokio::select! {
                 () = cancel.cancelled() => return false,
@@ -300,10 +519,9 @@ impl<B: LeaseBackend> LeaderElector<B> {
                     tracing::warn!("another replica holds the lease");
                     return false;
                 }
-                Err(error) if Instant::now() < deadline => {
-                    tracing::warn!(%error, "could not renew the lease; retrying");
-                }
+                Err(error) if Instant::now() < deadline => self.report(&error, "renew"),
                 Err(error) => {
+                    self.errors.record(error.reason());
                     tracing::warn!(%error, "could not renew the lease before the deadline");
                     return false;
                 }
@@ -334,7 +552,10 @@ impl<B: LeaseBackend> LeaderElector<B> {
                     self.observe(&created);
                     Ok(true)
                 }
-                Err(LeaseError::Conflict) => Ok(false),
+                Err(LeaseError::Conflict) => {
+                    self.report(&LeaseError::Conflict, "create");
+                    Ok(false)
+                }
                 Err(error) => Err(error),
             };
         };
@@ -375,7 +596,10 @@ impl<B: LeaseBackend> LeaderElector<B> {
                 self.observe(&replaced);
                 Ok(true)
             }
-            Err(LeaseError::Conflict) => Ok(false),
+            Err(LeaseError::Conflict) => {
+                self.report(&LeaseError::Conflict, "update");
+                Ok(false)
+            }
             Err(error) => Err(error),
         }
     }
@@ -385,6 +609,7 @@ impl<B: LeaseBackend> LeaderElector<B> {
         let spec = lease.spec.as_ref();
         let observed = Observed {
             holder: spec.and_then(|s| s.holder_identity.clone()),
+            acquire_time: spec.and_then(|s| s.acquire_time.as_ref().map(|t| t.0.to_string())),
             renew_time: spec.and_then(|s| s.renew_time.as_ref().map(|t| t.0.to_string())),
             resource_version: lease.metadata.resource_version.clone(),
             duration: spec
@@ -441,7 +666,10 @@ impl<B: LeaseBackend> LeaderElector<B> {
         };
         match self.backend.replace(&lease).await {
             Ok(_) => tracing::info!("released the lease"),
-            Err(error) => tracing::warn!(%error, "could not release the lease"),
+            Err(error) => {
+                self.errors.record(error.reason());
+                tracing::warn!(%error, "could not release the lease");
+            }
         }
     }
 }

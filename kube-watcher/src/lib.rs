@@ -15,6 +15,8 @@
 //!   rebuilt from the cache and the Services' statuses.
 //! - [`pool_status`], [`metrics`]: MetalLB's pool status fields and
 //!   allocator metrics, `/metrics`, `/healthz`, `/readyz`.
+//! - [`logging`]: the log subscriber (text, no colour unless on a
+//!   terminal).
 //! - [`record`]: `kube-watcher record`, a cluster as a REPLAY.md stream.
 //! - [`crd`]: the `IPAddressPool` CustomResource, from the allocator's spec
 //!   types, and `deploy/crd.yaml`.
@@ -25,6 +27,7 @@ pub mod client;
 pub mod crd;
 pub mod host;
 pub mod lease;
+pub mod logging;
 pub mod metrics;
 pub mod pool_status;
 pub mod record;

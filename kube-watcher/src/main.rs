@@ -6,7 +6,7 @@
 //! - `crd`: print the `IPAddressPool` CustomResourceDefinition.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,11 +14,11 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use kube_watcher::crd::crd_yaml;
+use kube_watcher::logging::{self, LogFormat};
 use kube_watcher::metrics::serve;
 use kube_watcher::record::record;
 use kube_watcher::{Host, HostConfig};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
 #[command(name = "kube-watcher", version, about)]
@@ -75,12 +75,16 @@ struct RecordArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let ansi = std::io::stderr().is_terminal();
+    let subscriber = logging::subscriber(
+        LogFormat::Text,
+        ansi,
+        logging::env_filter(),
+        std::io::stderr,
+    );
+    if let Err(error) = tracing::subscriber::set_global_default(subscriber) {
+        eprintln!("kube-watcher: cannot set up logging: {error}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -10,6 +10,8 @@
 //!   `kube_watcher_event_errors_total`, `kube_watcher_pool_rejections_total`:
 //!   `AllocatingController::stats()`, summed over this process's leadership
 //!   terms so they never go down.
+//! - `kube_watcher_lease_errors_total{reason}`: failed Lease requests, by
+//!   [`LeaseErrorReason`] (forbidden, not_found, conflict, timeout, other).
 //! - `kube_watcher_leader` and `kube_watcher_synced`: 1 or 0.
 
 use std::convert::Infallible;
@@ -32,6 +34,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::lease::{LeaseErrorCounts, LeaseErrorReason};
 use crate::watch::SyncTracker;
 
 /// The content type of `/metrics`.
@@ -49,6 +52,7 @@ struct Source {
     state: Mutex<SourceState>,
     leader: AtomicBool,
     synced: SyncTracker,
+    lease_errors: LeaseErrorCounts,
 }
 
 #[derive(Debug, Default)]
@@ -80,6 +84,7 @@ impl Metrics {
             state: Mutex::new(SourceState::default()),
             leader: AtomicBool::new(false),
             synced,
+            lease_errors: LeaseErrorCounts::default(),
         });
         let mut registry = Registry::default();
         registry.register_collector(Box::new(ControllerCollector(Arc::clone(&source))));
@@ -102,6 +107,11 @@ impl Metrics {
     /// Whether this replica leads.
     pub fn set_leader(&self, leader: bool) {
         self.source.leader.store(leader, Ordering::Relaxed);
+    }
+
+    /// The Lease failures this host counts (handed to its elector).
+    pub fn lease_errors(&self) -> LeaseErrorCounts {
+        self.source.lease_errors.clone()
     }
 
     /// Whether every watcher finished its initial list.
@@ -206,6 +216,19 @@ impl Collector for ControllerCollector {
             "Times a pool change left a pool rejected",
             stats.pool_rejections,
         )?;
+        {
+            let mut metric = encoder.encode_descriptor(
+                "kube_watcher_lease_errors",
+                "Failed leader election Lease requests, by reason",
+                None,
+                MetricType::Counter,
+            )?;
+            for reason in LeaseErrorReason::ALL {
+                let labels = [("reason", reason.label())];
+                ConstCounter::new(self.0.lease_errors.get(reason))
+                    .encode(metric.encode_family(&labels)?)?;
+            }
+        }
         let leader = self.0.leader.load(Ordering::Relaxed);
         gauge(
             &mut encoder,
@@ -319,6 +342,16 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("kube_watcher_leader 1\n"), "{text}");
+        metrics.lease_errors().record(LeaseErrorReason::Forbidden);
+        let text = metrics.render().unwrap();
+        assert!(
+            text.contains("kube_watcher_lease_errors_total{reason=\"forbidden\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kube_watcher_lease_errors_total{reason=\"timeout\"} 0\n"),
+            "{text}"
+        );
         assert!(text.contains("kube_watcher_synced 1\n"), "{text}");
         assert!(
             text.contains("# TYPE metallb_allocator_addresses_total gauge"),

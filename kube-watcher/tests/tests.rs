@@ -14,6 +14,9 @@ mod support;
 // The host on the stub: writes, sync order, 409, 410 and relists, leases.
 mod host;
 
+// What an operator sees: election status, Lease errors, watch backoff, logs.
+mod operation;
+
 // `kube-watcher record`: a REPLAY.md stream that fake-watcher replays.
 mod record;
 

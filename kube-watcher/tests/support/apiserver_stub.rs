@@ -581,10 +581,11 @@ impl Server {
         };
         self.bump();
         if let Some(code) = failure {
-            let reason = if code == 409 {
-                "Conflict"
-            } else {
-                "InternalError"
+            let reason = match code {
+                403 => "Forbidden",
+                404 => "NotFound",
+                409 => "Conflict",
+                _ => "InternalError",
             };
             return status(code, reason, "scripted failure");
         }

@@ -1,0 +1,102 @@
+//! What an operator sees: election status and Lease errors in the log and
+//! the metrics, watch retries that back off, logs fit for a cluster.
+
+use kube_watcher::logging::{self, LogFormat};
+use kube_watcher::Host;
+use tracing_subscriber::EnvFilter;
+
+use crate::support::apiserver_stub::ApiServerStub;
+use crate::support::{config, eventually, namespace, pool, service, LogBuffer};
+
+/// Captures this thread's logs at the binary's default level, as text
+/// without colour. With a current-thread runtime every task of the host
+/// logs into it.
+fn capture() -> (LogBuffer, tracing::subscriber::DefaultGuard) {
+    let buffer = LogBuffer::default();
+    let subscriber = logging::subscriber(
+        LogFormat::Text,
+        false,
+        EnvFilter::new(logging::DEFAULT_FILTER),
+        buffer.clone(),
+    );
+    (buffer, tracing::subscriber::set_default(subscriber))
+}
+
+fn lease_requests(stub: &ApiServerStub) -> usize {
+    stub.requests()
+        .iter()
+        .filter(|r| r.path.contains("/leases"))
+        .count()
+}
+
+#[tokio::test]
+async fn a_forbidden_lease_is_a_warning_with_the_reason_and_a_metric() {
+    let (logs, _guard) = capture();
+    let stub = ApiServerStub::start().await;
+    stub.create(namespace("ns"));
+    stub.create(pool("default", &["192.168.10.0/24"]));
+    stub.create(service("ns", "web", "10.96.0.1"));
+    // No Role for leases: every Lease request is refused.
+    stub.fail_next("GET", "/leases/kube-watcher", 403, u32::MAX);
+    let host = Host::start(stub.client("a"), config("a"));
+
+    eventually("a WARN about the lease", || {
+        !logs.lines_with("WARN").is_empty()
+    })
+    .await;
+    // Within one retry period: the first refused request is reported, not
+    // a later one.
+    assert!(lease_requests(&stub) <= 2, "{}", logs.text());
+    let warnings = logs.lines_with("WARN");
+    let warning = &warnings[0];
+    for needed in ["forbidden", "RBAC", "leases", "kube-system"] {
+        assert!(warning.contains(needed), "{needed} missing from {warning}");
+    }
+
+    // Later refusals are counted but not logged again within the minute.
+    eventually("five lease attempts", || lease_requests(&stub) >= 5).await;
+    let text = host.metrics().render().unwrap();
+    let counted: u64 = text
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("kube_watcher_lease_errors_total{reason=\"forbidden\"} ")
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(counted >= 4, "{text}");
+    assert!(text.contains("kube_watcher_leader 0"), "{text}");
+    assert_eq!(
+        logs.lines_with("cannot acquire the lease").len(),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert!(logs.lines_with("leading").is_empty());
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_election_status_is_logged_at_info() {
+    let (logs, _guard) = capture();
+    let stub = ApiServerStub::start().await;
+    stub.create(namespace("ns"));
+    let a = Host::start(stub.client("a"), config("a"));
+    let mut leader = a.leader();
+    leader.wait_for(|l| *l).await.unwrap();
+    let b = Host::start(stub.client("b"), config("b"));
+    eventually("b follows a", || {
+        !logs.lines_with("following a since").is_empty()
+    })
+    .await;
+    let leading = logs.lines_with("leading");
+    assert!(
+        leading
+            .iter()
+            .any(|l| l.contains(" INFO ") && l.contains("identity=a")),
+        "{}",
+        logs.text()
+    );
+    assert_eq!(logs.lines_with("following a since").len(), 1);
+    b.shutdown().await;
+    a.shutdown().await;
+}
