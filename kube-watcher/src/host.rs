@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::Api;
 use kube::runtime::events::Reporter;
-use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::runtime::{reflector, watcher};
 use kube::ResourceExt;
 use manager::{AllocatingController, Client, ControllerConfig, Manager, ManagerConfig, Store};
 use subscriber::{
@@ -36,6 +36,7 @@ use crate::crd::{to_subscriber, IPAddressPoolResource};
 use crate::lease::{KubeLease, LeaderElector, LeaderGate, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::pool_status::{PoolStatusWriter, POOL_STATUS_PERIOD};
+use crate::retry::{with_backoff, WatchBackoff};
 use crate::store::KubeStore;
 use crate::watch::{creation_order, Driver, NamespaceSink, PoolSink, ServiceSink, SyncTracker};
 
@@ -60,6 +61,8 @@ pub struct HostConfig {
     pub pool_status_period: Duration,
     /// The watchers' settings.
     pub watcher: watcher::Config,
+    /// How a failing list or watch is retried.
+    pub watch_backoff: WatchBackoff,
     /// The `reportingController` of Events.
     pub reporting_controller: String,
 }
@@ -76,6 +79,7 @@ impl HostConfig {
             manager: ManagerConfig::default(),
             pool_status_period: POOL_STATUS_PERIOD,
             watcher: watcher::Config::default(),
+            watch_backoff: WatchBackoff::default(),
             reporting_controller: "kube-watcher".to_owned(),
         }
     }
@@ -263,6 +267,7 @@ impl Host {
             watcher(Api::<Service>::all(client.clone()), wc.clone()),
             ServiceSink(Arc::new(service_chain)),
             synced.clone(),
+            config.watch_backoff.clone(),
             cancel.clone(),
         ));
         tasks.push(spawn_watch(
@@ -273,6 +278,7 @@ impl Host {
             ),
             PoolSink(Arc::new(pool_chain)),
             synced.clone(),
+            config.watch_backoff.clone(),
             cancel.clone(),
         ));
         tasks.push(spawn_watch(
@@ -280,6 +286,7 @@ impl Host {
             watcher(Api::<Namespace>::all(client.clone()), wc),
             NamespaceSink(Arc::new(namespace_chain)),
             synced.clone(),
+            config.watch_backoff.clone(),
             cancel.clone(),
         ));
 
@@ -358,6 +365,7 @@ fn spawn_watch<K, St, S>(
     stream: St,
     sink: S,
     synced: SyncTracker,
+    backoff: WatchBackoff,
     cancel: CancellationToken,
 ) -> JoinHandle<()>
 where
@@ -366,7 +374,7 @@ where
     S: crate::watch::Sink<K> + 'static,
 {
     tokio::spawn(async move {
-        let stream = stream.default_backoff();
+        let stream = with_backoff(stream, driver.kind(), backoff);
         tokio::select! {
             () = cancel.cancelled() => {}
             () = driver.run(stream, &sink, &synced) => {}

@@ -17,6 +17,7 @@
 //!   allocator metrics, `/metrics`, `/healthz`, `/readyz`.
 //! - [`logging`]: the log subscriber (text, no colour unless on a
 //!   terminal).
+//! - [`retry`]: watch retries that back off, and log a failure once.
 //! - [`record`]: `kube-watcher record`, a cluster as a REPLAY.md stream.
 //! - [`crd`]: the `IPAddressPool` CustomResource, from the allocator's spec
 //!   types, and `deploy/crd.yaml`.
@@ -31,6 +32,7 @@ pub mod logging;
 pub mod metrics;
 pub mod pool_status;
 pub mod record;
+pub mod retry;
 pub mod store;
 pub mod watch;
 
@@ -38,5 +40,6 @@ pub use crd::{IPAddressPoolResource, IPAddressPoolStatus, PoolSpec};
 pub use host::{Host, HostConfig};
 pub use lease::{LeaderElector, LeaderGate, LeaseConfig};
 pub use metrics::Metrics;
+pub use retry::WatchBackoff;
 pub use store::KubeStore;
 pub use watch::{Driver, SyncTracker};

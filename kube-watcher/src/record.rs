@@ -18,12 +18,13 @@ use std::io::Write;
 use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::Api;
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::Resource;
 use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::crd::IPAddressPoolResource;
+use crate::retry::{with_backoff, WatchBackoff};
 
 /// A recording that failed.
 #[derive(Debug, thiserror::Error)]
@@ -100,8 +101,7 @@ where
         + Sync
         + 'static,
 {
-    watcher(api, config)
-        .default_backoff()
+    with_backoff(watcher(api, config), kind, WatchBackoff::default())
         .filter_map(move |event| async move {
             match event {
                 Ok(watcher::Event::Init) => Some(Ok(Item::Init(kind))),
@@ -115,10 +115,8 @@ where
                 Ok(watcher::Event::Delete(object)) => {
                     Some(encode(kind, &object).map(|(key, value)| Item::Delete(kind, key, value)))
                 }
-                Err(error) => {
-                    tracing::warn!(kind, %error, "watch failed; retrying");
-                    None
-                }
+                // Logged by `with_backoff`, which retries it.
+                Err(_) => None,
             }
         })
         .boxed()

@@ -239,6 +239,11 @@ where
         }
     }
 
+    /// The kind this driver handles.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
     /// A reader of the store this driver writes.
     pub fn reader(&self) -> Store<K> {
         self.reader.clone()
@@ -344,8 +349,8 @@ where
 
     /// Drives `stream` until it ends: every event through
     /// [`handle`](Driver::handle), the first completed list marked on
-    /// `synced`. Watch errors are logged (the stream retries them with
-    /// its backoff).
+    /// `synced`. Watch errors are skipped: the stream logs and retries them
+    /// (see [`crate::retry`]).
     pub async fn run<St, S>(mut self, stream: St, sink: &S, synced: &SyncTracker)
     where
         St: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
@@ -360,7 +365,7 @@ where
                     }
                 }
                 Err(error) => {
-                    tracing::warn!(kind = self.kind, %error, "watch failed; retrying");
+                    tracing::trace!(kind = self.kind, %error, "watch failed");
                 }
             }
         }

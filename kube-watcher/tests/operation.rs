@@ -1,6 +1,8 @@
 //! What an operator sees: election status and Lease errors in the log and
 //! the metrics, watch retries that back off, logs fit for a cluster.
 
+use std::time::Duration;
+
 use kube_watcher::logging::{self, LogFormat};
 use kube_watcher::Host;
 use tracing_subscriber::EnvFilter;
@@ -99,4 +101,63 @@ async fn the_election_status_is_logged_at_info() {
     assert_eq!(logs.lines_with("following a since").len(), 1);
     b.shutdown().await;
     a.shutdown().await;
+}
+
+fn service_lists(stub: &ApiServerStub) -> usize {
+    stub.requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == "/api/v1/services" && !r.query.contains("watch"))
+        .count()
+}
+
+/// On the paused clock: the test sleeps 30 s of virtual time while the
+/// host works, and counts the requests.
+#[tokio::test(start_paused = true)]
+async fn a_failing_list_backs_off_and_warns_once() {
+    let (logs, _guard) = capture();
+    let stub = ApiServerStub::start().await;
+    stub.create(namespace("ns"));
+    stub.create(service("ns", "web", "10.96.0.1"));
+    stub.fail_next("GET", "/api/v1/services", 500, u32::MAX);
+    let host = Host::start(stub.client("a"), config("a"));
+
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let attempts = service_lists(&stub);
+    assert!(
+        (3..=8).contains(&attempts),
+        "{attempts} list attempts in 30 s"
+    );
+    let warnings = logs.lines_with("watch of Service failed");
+    assert_eq!(warnings.len(), 1, "{}", logs.text());
+    assert!(warnings[0].contains("WARN"), "{}", warnings[0]);
+    assert!(!host.synced().is_synced());
+
+    // The API server recovers: the next attempt (at most 30 s away) lists.
+    stub.clear_failures();
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert!(host.synced().is_synced(), "{}", logs.text());
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_routine_410_is_not_a_warning() {
+    let (logs, _guard) = capture();
+    let stub = ApiServerStub::start().await;
+    stub.create(namespace("ns"));
+    stub.create(pool("default", &["192.168.10.0/24"]));
+    let host = Host::start(stub.client("a"), config("a"));
+    eventually("synced", || host.synced().is_synced()).await;
+    let lists = service_lists(&stub);
+    stub.expire_watches();
+    eventually("Services listed again", || service_lists(&stub) > lists).await;
+    eventually("watching again", || {
+        stub.requests()
+            .iter()
+            .rev()
+            .take(10)
+            .any(|r| r.path == "/api/v1/services" && r.query.contains("watch"))
+    })
+    .await;
+    assert!(logs.lines_with("WARN").is_empty(), "{}", logs.text());
+    host.shutdown().await;
 }

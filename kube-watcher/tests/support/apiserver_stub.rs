@@ -374,6 +374,11 @@ impl ApiServerStub {
         });
     }
 
+    /// Forgets every scripted failure.
+    pub(crate) fn clear_failures(&self) {
+        self.lock().failures.clear();
+    }
+
     /// List requests of `kind` wait until [`release`](Self::release).
     pub(crate) fn hold_lists(&self, kind: Kind) {
         self.lock().held.push(kind);

@@ -1,0 +1,300 @@
+//! Retries of a failing list or watch that back off, and logs that say
+//! so once.
+//!
+//! kube-runtime's `default_backoff()` resets on every `Ok` item, and its
+//! watcher yields `Event::Init` before each list attempt, so a list that
+//! keeps failing is retried every second or so forever. [`with_backoff`]
+//! instead delays the poll after each error by an exponential backoff with
+//! jitter, up to [`WatchBackoff::max`], and starts again from
+//! [`WatchBackoff::initial`] only once the watch has delivered objects for
+//! [`WatchBackoff::reset_after`] (`Init` is not a success: it comes before
+//! the list is even tried).
+//!
+//! A failure streak is logged at WARN once, with a reminder every
+//! [`WatchBackoff::remind_every`] while it lasts, and its end at INFO. The
+//! routine end of a watch (`410 Gone`/`Expired`, which relists, or a timed
+//! out watch) is DEBUG and relisted at once, unless it repeats.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use kube::runtime::watcher;
+use tokio::time::Instant;
+
+/// The timing of watch retries.
+#[derive(Clone, Debug)]
+pub struct WatchBackoff {
+    /// The delay after the first failure (before jitter).
+    pub initial: Duration,
+    /// The longest delay.
+    pub max: Duration,
+    /// How long a watch must have delivered objects without a failure
+    /// before the delay starts from `initial` again.
+    pub reset_after: Duration,
+    /// How often a failure streak is logged at WARN again.
+    pub remind_every: Duration,
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+            reset_after: Duration::from_secs(60),
+            remind_every: Duration::from_secs(300),
+        }
+    }
+}
+
+impl WatchBackoff {
+    /// The delay before retry number `attempt` (0 for the first), before
+    /// jitter: `initial` doubled each attempt, at most `max`.
+    pub fn base_delay(&self, attempt: u32) -> Duration {
+        let factor = 2u32.saturating_pow(attempt.min(31));
+        self.initial.saturating_mul(factor).min(self.max)
+    }
+}
+
+/// A factor in [0.5, 1): spreads the retries of many replicas apart.
+fn jitter() -> f64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let bits = RandomState::new().hash_one(COUNTER.fetch_add(1, Ordering::Relaxed));
+    // The top 53 bits as a fraction in [0, 1).
+    let unit = (bits >> 11) as f64 / (1u64 << 53) as f64;
+    0.5 + unit / 2.0
+}
+
+/// Whether `error` is a watch ending as watches routinely do: `410 Gone`
+/// (the resourceVersion is too old: relist) or a timeout.
+pub fn is_routine(error: &watcher::Error) -> bool {
+    let client_error = match error {
+        watcher::Error::WatchError(status) => return status.code == 410,
+        watcher::Error::InitialListFailed(error)
+        | watcher::Error::WatchStartFailed(error)
+        | watcher::Error::WatchFailed(error) => error,
+        watcher::Error::NoResourceVersion => return false,
+    };
+    match client_error {
+        kube::Error::Api(status) => status.code == 410,
+        other => {
+            let text = other.to_string().to_ascii_lowercase();
+            matches!(error, watcher::Error::WatchFailed(_))
+                && (text.contains("timed out") || text.contains("timeout"))
+        }
+    }
+}
+
+/// The state of one kind's retries.
+#[derive(Debug)]
+struct Retry {
+    kind: &'static str,
+    config: WatchBackoff,
+    /// Failures since the last reset.
+    failures: u32,
+    /// When the current streak's first failure came.
+    since: Option<Instant>,
+    /// When the streak was last logged at WARN (`None`: not yet).
+    warned: Option<Instant>,
+    /// When the watch first delivered objects after the last failure.
+    healthy_since: Option<Instant>,
+}
+
+impl Retry {
+    fn new(kind: &'static str, config: WatchBackoff) -> Self {
+        Self {
+            kind,
+            config,
+            failures: 0,
+            since: None,
+            warned: None,
+            healthy_since: None,
+        }
+    }
+
+    /// Ends the streak if the watch has been healthy long enough.
+    fn settle(&mut self, now: Instant) {
+        let healthy = self
+            .healthy_since
+            .is_some_and(|since| now.duration_since(since) >= self.config.reset_after);
+        if self.failures > 0 && healthy {
+            if self.warned.is_some() {
+                tracing::info!(
+                    kind = self.kind,
+                    failures = self.failures,
+                    "watch of {} recovered after {} failed attempts",
+                    self.kind,
+                    self.failures
+                );
+            }
+            self.failures = 0;
+            self.since = None;
+            self.warned = None;
+            self.healthy_since = None;
+        }
+    }
+
+    fn succeeded<K>(&mut self, event: &watcher::Event<K>) {
+        if self.failures == 0 || matches!(event, watcher::Event::Init) {
+            return;
+        }
+        let now = Instant::now();
+        self.healthy_since.get_or_insert(now);
+        self.settle(now);
+    }
+
+    /// Logs `error` and returns how long to wait before trying again.
+    fn failed(&mut self, error: &watcher::Error) -> Duration {
+        let now = Instant::now();
+        self.settle(now);
+        self.healthy_since = None;
+        let attempt = self.failures;
+        self.failures = self.failures.saturating_add(1);
+        let since = *self.since.get_or_insert(now);
+        let routine = is_routine(error);
+        if routine && attempt == 0 {
+            tracing::debug!(kind = self.kind, %error, "watch ended; relisting");
+            return Duration::ZERO;
+        }
+        let delay = self.config.base_delay(attempt).mul_f64(jitter());
+        let remind = self
+            .warned
+            .is_some_and(|at| now.duration_since(at) >= self.config.remind_every);
+        if self.warned.is_none() && !routine {
+            self.warned = Some(now);
+            tracing::warn!(
+                kind = self.kind,
+                %error,
+                retry_in_ms = delay.as_millis(),
+                "watch of {} failed; retrying with backoff up to {}s (further failures at DEBUG, a reminder every {}s)",
+                self.kind,
+                self.config.max.as_secs(),
+                self.config.remind_every.as_secs()
+            );
+        } else if remind {
+            self.warned = Some(now);
+            tracing::warn!(
+                kind = self.kind,
+                %error,
+                failures = self.failures,
+                failing_for_s = now.duration_since(since).as_secs(),
+                "watch of {} still failing after {} attempts",
+                self.kind,
+                self.failures
+            );
+        } else {
+            tracing::debug!(
+                kind = self.kind,
+                %error,
+                failures = self.failures,
+                retry_in_ms = delay.as_millis(),
+                "watch failed; retrying"
+            );
+        }
+        delay
+    }
+}
+
+/// `stream` with its errors passed through (and logged), and the next poll
+/// after each delayed by the backoff (see the module documentation).
+pub fn with_backoff<K, St>(
+    stream: St,
+    kind: &'static str,
+    config: WatchBackoff,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    K: Send + 'static,
+    St: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+{
+    let state = (stream.boxed(), Retry::new(kind, config), Duration::ZERO);
+    futures::stream::unfold(state, |(mut stream, mut retry, delay)| async move {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let item = stream.next().await?;
+        let delay = match &item {
+            Ok(event) => {
+                retry.succeeded(event);
+                Duration::ZERO
+            }
+            Err(error) => retry.failed(error),
+        };
+        Some((item, (stream, retry, delay)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list_failed() -> watcher::Error {
+        watcher::Error::InitialListFailed(kube::Error::Api(
+            kube::core::Status::failure("boom", "InternalError")
+                .with_code(500)
+                .boxed(),
+        ))
+    }
+
+    fn gone() -> watcher::Error {
+        watcher::Error::WatchError(
+            kube::core::Status::failure("too old resource version", "Expired")
+                .with_code(410)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn the_delay_doubles_to_the_cap() {
+        let config = WatchBackoff::default();
+        let delays: Vec<u64> = (0..8).map(|n| config.base_delay(n).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30, 30]);
+        assert_eq!(config.base_delay(u32::MAX), config.max);
+    }
+
+    #[test]
+    fn jitter_stays_in_its_range_and_varies() {
+        let factors: Vec<f64> = (0..100).map(|_| jitter()).collect();
+        assert!(factors.iter().all(|f| (0.5..1.0).contains(f)));
+        assert!(factors.iter().any(|f| (f - factors[0]).abs() > 1e-9));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn init_events_do_not_reset_the_backoff_but_a_healthy_watch_does() {
+        let config = WatchBackoff::default();
+        let mut retry = Retry::new("Service", config.clone());
+        let mut last = Duration::ZERO;
+        for attempt in 0..6 {
+            retry.succeeded(&watcher::Event::<()>::Init);
+            let delay = retry.failed(&list_failed());
+            assert!(
+                delay >= config.base_delay(attempt) / 2,
+                "{attempt}: {delay:?}"
+            );
+            assert!(delay < config.base_delay(attempt), "{attempt}: {delay:?}");
+            assert!(attempt < 5 || delay >= last / 2);
+            last = delay;
+        }
+        // Objects delivered, but not for long: no reset.
+        retry.succeeded(&watcher::Event::InitApply(()));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(retry.failed(&list_failed()) >= Duration::from_secs(15));
+        // Delivered for a minute: the next failure starts from the bottom.
+        retry.succeeded(&watcher::Event::<()>::InitDone);
+        tokio::time::advance(config.reset_after).await;
+        retry.succeeded(&watcher::Event::Apply(()));
+        assert_eq!(retry.failures, 0);
+        assert!(retry.failed(&list_failed()) < Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_410_relists_at_once_unless_it_repeats() {
+        let mut retry = Retry::new("Service", WatchBackoff::default());
+        assert!(is_routine(&gone()));
+        assert!(!is_routine(&list_failed()));
+        assert_eq!(retry.failed(&gone()), Duration::ZERO);
+        assert!(retry.warned.is_none(), "a 410 is routine");
+        assert!(retry.failed(&gone()) > Duration::ZERO);
+    }
+}
