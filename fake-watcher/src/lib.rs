@@ -17,7 +17,6 @@
 
 mod client;
 mod config;
-pub mod corpus;
 mod lookahead;
 mod output;
 mod plugin;

@@ -10,7 +10,8 @@
 // The `fake-watcher replay` command: output formats, exit statuses, stderr.
 mod cli;
 
-// The snapshot corpus of streams: every rule of DESIGN.md §4 end to end.
+// The snapshot corpus of streams (insta::glob!): every rule of
+// docs/allocation.md §4 end to end.
 mod corpus;
 
 // Random streams: §6 invariants after every line, identical replays, restarts
