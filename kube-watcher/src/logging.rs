@@ -2,7 +2,9 @@
 //! what an operator sees.
 //!
 //! Colour (ANSI escapes) only when stderr is a terminal: `kubectl logs` and
-//! log collectors get plain text.
+//! log collectors get plain text. `--log-format json` writes one JSON
+//! object per line (`timestamp`, `level`, `target`, `message` and the
+//! event's fields at the top level), what log collectors parse.
 
 use tracing::Subscriber;
 use tracing_subscriber::fmt::MakeWriter;
@@ -12,11 +14,13 @@ use tracing_subscriber::EnvFilter;
 pub const DEFAULT_FILTER: &str = "info";
 
 /// How log lines are written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     /// One human-readable line per event.
     #[default]
     Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// `RUST_LOG` if set and valid, else [`DEFAULT_FILTER`].
@@ -25,7 +29,7 @@ pub fn env_filter() -> EnvFilter {
 }
 
 /// A subscriber writing `format` lines through `writer`, with ANSI colour
-/// only when `ansi`.
+/// only when `ansi` (never in JSON).
 pub fn subscriber<W>(
     format: LogFormat,
     ansi: bool,
@@ -41,5 +45,13 @@ where
         .with_ansi(ansi);
     match format {
         LogFormat::Text => Box::new(builder.finish()),
+        LogFormat::Json => Box::new(
+            builder
+                .with_ansi(false)
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .finish(),
+        ),
     }
 }

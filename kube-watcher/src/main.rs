@@ -23,6 +23,10 @@ use tokio_util::sync::CancellationToken;
 #[derive(Parser)]
 #[command(name = "kube-watcher", version, about)]
 struct Cli {
+    /// How log lines are written to stderr (text has colour only on a
+    /// terminal; `RUST_LOG` sets the level, default info).
+    #[arg(long, value_enum, global = true, default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -76,12 +80,8 @@ struct RecordArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let ansi = std::io::stderr().is_terminal();
-    let subscriber = logging::subscriber(
-        LogFormat::Text,
-        ansi,
-        logging::env_filter(),
-        std::io::stderr,
-    );
+    let subscriber =
+        logging::subscriber(cli.log_format, ansi, logging::env_filter(), std::io::stderr);
     if let Err(error) = tracing::subscriber::set_global_default(subscriber) {
         eprintln!("kube-watcher: cannot set up logging: {error}");
     }

@@ -161,3 +161,101 @@ async fn a_routine_410_is_not_a_warning() {
     assert!(logs.lines_with("WARN").is_empty(), "{}", logs.text());
     host.shutdown().await;
 }
+
+/// Runs `kube-watcher [ARGS] run` against `stub` with stderr piped, until
+/// it logs that it leads; returns its log lines.
+fn run_binary(stub: &ApiServerStub, args: &[&str]) -> Vec<String> {
+    use std::io::BufRead;
+
+    let dir = std::env::temp_dir().join(format!(
+        "kube-watcher-log-test-{}-{}",
+        std::process::id(),
+        args.join("-")
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, stub.kubeconfig()).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kube-watcher"))
+        .args(args)
+        .args(["run", "--metrics-addr", "127.0.0.1:0", "--identity", "bin"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    loop {
+        match receiver.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => {
+                let done = line.contains("leading");
+                lines.push(line);
+                if done {
+                    break;
+                }
+            }
+            Err(error) => {
+                let _ = child.kill();
+                panic!("no 'leading' line ({error}); got:\n{}", lines.join("\n"));
+            }
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    lines
+}
+
+/// The stub on a runtime of its own, for tests that run the binary.
+fn stub_runtime() -> (tokio::runtime::Runtime, ApiServerStub) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let stub = runtime.block_on(async {
+        let stub = ApiServerStub::start().await;
+        stub.create(namespace("ns"));
+        stub
+    });
+    (runtime, stub)
+}
+
+#[test]
+fn a_piped_log_has_no_colour() {
+    let (_runtime, stub) = stub_runtime();
+    let lines = run_binary(&stub, &[]);
+    assert!(lines.iter().any(|l| l.contains(" INFO ")), "{lines:?}");
+    for line in &lines {
+        assert!(!line.contains('\u{1b}'), "ANSI escape in {line:?}");
+    }
+}
+
+#[test]
+fn json_log_lines_parse() {
+    let (_runtime, stub) = stub_runtime();
+    let lines = run_binary(&stub, &["--log-format", "json"]);
+    assert!(lines.len() >= 2, "{lines:?}");
+    for line in &lines {
+        let value: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|error| panic!("{line:?} is not JSON: {error}"));
+        for field in ["timestamp", "level", "target", "message"] {
+            assert!(value.get(field).is_some(), "{field} missing from {line}");
+        }
+    }
+    let leading: serde_json::Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+    assert_eq!(leading["level"], "INFO");
+    assert_eq!(leading["message"], "leading");
+    assert_eq!(leading["identity"], "bin");
+}

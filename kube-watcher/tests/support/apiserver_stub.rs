@@ -308,6 +308,18 @@ impl ApiServerStub {
         kube::Client::try_from(config).unwrap()
     }
 
+    /// A kubeconfig that points at this stub (namespace `kube-system`).
+    pub(crate) fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters: [{{name: stub, cluster: {{server: \"http://{}\"}}}}]\n\
+             users: [{{name: stub, user: {{}}}}]\n\
+             contexts: [{{name: stub, context: {{cluster: stub, user: stub, namespace: kube-system}}}}]\n\
+             current-context: stub\n",
+            self.addr
+        )
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap()
     }
