@@ -1,22 +1,30 @@
 //! The allocator: accepted pools, who holds which address, and the rules of
-//! DESIGN.md §4.4 for choosing and keeping addresses.
+//! docs/allocation.md §4.4 for choosing and keeping addresses, at the costs
+//! of §4.9: every question asked per Service event is answered from an
+//! index (free entries, pools with room, a group's addresses by port,
+//! holders by port), never by a walk over pools, entries or holders.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-/// The hasher of the maps every allocation touches: SipHash's DoS resistance
-/// buys nothing for keys the cluster's own objects make, and costs a tenth
-/// of an allocation.
-type FastHash = foldhash::fast::RandomState;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::addr::{from_int, to_int, Family};
 use crate::count::AddressCount;
 use crate::error::{AllocError, ShareConflict};
+use crate::group::{GroupIndex, Rank};
+use crate::holders::Holders;
 use crate::pool::{AddrRange, Pool, PoolError};
 use crate::request::{FamilyPolicy, Port, Request};
 use crate::spec::IPAddressPoolSpec;
 use crate::used::UsedSet;
+
+/// The hasher of the maps every allocation touches: SipHash's DoS resistance
+/// buys nothing for keys the cluster's own objects make, and costs a tenth
+/// of an allocation.
+type FastHash = foldhash::fast::RandomState;
+
+const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
 
 /// Addresses and pool of one Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,22 +71,37 @@ pub struct Released {
 pub struct PoolChange {
     /// Services released because their addresses left every pool, sorted by key.
     pub released: Vec<Released>,
-    /// Accepted pools the change left as they were (same definition, still
-    /// accepted, holdings untouched), sorted.
-    pub unchanged: Vec<String>,
+    /// The pools whose definition or acceptance the change changed, sorted:
+    /// an accepted pool not listed kept its definition and its holdings.
+    pub changed: Vec<String>,
+    /// The pools the change left rejected anew or for another reason, the
+    /// changed pool whenever it is rejected, sorted by name.
+    pub rejected: Vec<RejectedPool>,
 }
 
 /// A pool object as given.
 #[derive(Debug)]
 struct PoolObject {
-    name: String,
     parsed: Result<Pool, PoolError>,
-    /// `metadata.creationTimestamp` in nanoseconds since the epoch, if known.
-    created: Option<i128>,
-    /// Arrival order: the creation order of pools without a timestamp, and
-    /// the tie-break of equal ones.
-    seq: u64,
+    order: OrderKey,
 }
+
+/// Creation order: by `metadata.creationTimestamp` (nanoseconds since the
+/// epoch) where known, pools without one after those with one, arrival
+/// order breaking ties.
+type OrderKey = (bool, Option<i128>, u64);
+
+/// Why a pool object is rejected, and the accepted pool that blocks it
+/// (an overlap): removing that one may bring it in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Rejection {
+    reason: String,
+    blocker: Option<Arc<str>>,
+}
+
+/// A pool's place in the §4.4 step 4 order: pinned pools by priority (1
+/// first, unset last) then name, then the others by name.
+type AutoKey = (bool, u64, Arc<str>);
 
 /// The sharing key and backend key of a Service that has a sharing key, in
 /// one unambiguous string: the Services one address may stack.
@@ -97,68 +120,88 @@ fn sharing_part(group: &str) -> &str {
         .unwrap_or_default()
 }
 
-/// Who holds one address: almost always one Service, so that one is kept
-/// inline.
+/// One family of an accepted pool: what is used, which entries have room,
+/// and where each sharing group may stack.
 #[derive(Debug)]
-enum Holders {
-    One(Arc<str>),
-    /// Boxed, so that `Holders` is as small as `One` (a shared address is
-    /// rare; every address pays for the size). A `Box<[_]>` would be a
-    /// wide pointer, and the enum 24 bytes again.
-    #[allow(clippy::box_collection)]
-    Many(Box<Vec<Arc<str>>>),
+struct FamilyState {
+    used: UsedSet,
+    total: AddressCount,
+    /// The pool's entries of this family by first address: first → (last,
+    /// index in `spec.addresses`), to find an address's entry.
+    entries: BTreeMap<u128, (u128, u32)>,
+    /// Indexes of the entries with a free usable address: the first is
+    /// where the lowest free address in search order lies.
+    open: BTreeSet<u32>,
+    groups: HashMap<Group, GroupIndex, FastHash>,
 }
 
-impl Holders {
-    fn iter(&self) -> std::slice::Iter<'_, Arc<str>> {
-        match self {
-            Holders::One(holder) => std::slice::from_ref(holder).iter(),
-            Holders::Many(holders) => holders.iter(),
+impl FamilyState {
+    fn new(pool: &Pool, family: Family) -> Self {
+        let used = UsedSet::new(pool.usable(family));
+        let mut entries = BTreeMap::new();
+        let mut open = BTreeSet::new();
+        for (index, range) in pool.ranges.iter().enumerate() {
+            let Ok(index) = u32::try_from(index) else {
+                break;
+            };
+            if range.family != family {
+                continue;
+            }
+            entries.insert(range.first, (range.last, index));
+            if used.lowest_free(range.first, range.last).is_some() {
+                open.insert(index);
+            }
+        }
+        Self {
+            used,
+            total: pool.total(family),
+            entries,
+            open,
+            groups: HashMap::default(),
         }
     }
 
-    fn contains(&self, key: &str) -> bool {
-        self.iter().any(|holder| &**holder == key)
+    /// The search-order rank of `value`, if it lies in an entry.
+    fn rank(&self, value: u128) -> Option<Rank> {
+        let (_, (last, index)) = self.entries.range(..=value).next_back()?;
+        (*last >= value).then_some((*index, value))
     }
 
-    fn add(&mut self, key: Arc<str>) {
-        if self.contains(&key) {
+    /// The entry `index`'s bounds.
+    fn entry(&self, pool: &Pool, index: u32) -> Option<AddrRange> {
+        pool.ranges.get(usize::try_from(index).ok()?).copied()
+    }
+
+    /// Marks `value` used and books its entry full if it is now.
+    fn take(&mut self, pool: &Pool, value: u128) {
+        if !self.used.insert(value) {
             return;
         }
-        // Sorted by key: the order does not depend on history (which a
-        // refusal naming the first holder would show).
-        match self {
-            Holders::One(first) => {
-                let mut both = vec![Arc::clone(first), key];
-                both.sort();
-                *self = Holders::Many(Box::new(both));
-            }
-            Holders::Many(holders) => {
-                let at = holders.partition_point(|holder| *holder < key);
-                holders.insert(at, key);
+        if let Some((index, _)) = self.rank(value) {
+            let full = self
+                .entry(pool, index)
+                .is_none_or(|r| self.used.lowest_free(r.first, r.last).is_none());
+            if full {
+                self.open.remove(&index);
             }
         }
     }
 
-    /// Removes `key`; false when nobody is left.
-    fn remove(&mut self, key: &str) -> bool {
-        match self {
-            Holders::One(holder) => &**holder != key,
-            Holders::Many(holders) => {
-                holders.retain(|holder| &**holder != key);
-                if let [only] = holders.as_slice() {
-                    *self = Holders::One(Arc::clone(only));
-                }
-                !matches!(self, Holders::Many(h) if h.is_empty())
+    /// Marks `value` free: its entry has room.
+    fn free(&mut self, value: u128) {
+        if self.used.remove(value) {
+            if let Some((index, _)) = self.rank(value) {
+                self.open.insert(index);
             }
         }
     }
 
-    fn len(&self) -> usize {
-        match self {
-            Holders::One(_) => 1,
-            Holders::Many(holders) => holders.len(),
-        }
+    /// The lowest free address in search order, with its rank.
+    fn lowest_free(&self, pool: &Pool) -> Option<Rank> {
+        let index = *self.open.first()?;
+        let range = self.entry(pool, index)?;
+        let value = self.used.lowest_free(range.first, range.last)?;
+        Some((index, value))
     }
 }
 
@@ -167,60 +210,56 @@ impl Holders {
 struct PoolState {
     pool: Pool,
     name: Arc<str>,
-    used: [UsedSet; 2],
-    /// Addresses held by sharing services, by group, per family: where a
-    /// Service with a sharing key may stack.
-    shared: [HashMap<Group, BTreeSet<u128>>; 2],
-    totals: [AddressCount; 2],
+    families: [FamilyState; 2],
+    /// Its place in the automatic order, if it has autoAssign.
+    auto: Option<AutoKey>,
 }
 
 impl PoolState {
     fn new(pool: Pool) -> Self {
-        let used = [
-            UsedSet::new(pool.usable(Family::V4)),
-            UsedSet::new(pool.usable(Family::V6)),
+        let families = [
+            FamilyState::new(&pool, Family::V4),
+            FamilyState::new(&pool, Family::V6),
         ];
-        let totals = [pool.total(Family::V4), pool.total(Family::V6)];
-        let name = Arc::from(pool.name.as_str());
+        let name: Arc<str> = Arc::from(pool.name.as_str());
+        let auto = pool
+            .auto_assign
+            .then(|| (!pool.is_pinned(), pool.priority_rank(), Arc::clone(&name)));
         Self {
             pool,
             name,
-            used,
-            shared: [HashMap::new(), HashMap::new()],
-            totals,
+            families,
+            auto,
         }
     }
 
-    fn used(&self, family: Family) -> &UsedSet {
+    fn family(&self, family: Family) -> &FamilyState {
         match family {
-            Family::V4 => &self.used[0],
-            Family::V6 => &self.used[1],
+            Family::V4 => &self.families[0],
+            Family::V6 => &self.families[1],
         }
     }
 
-    fn used_mut(&mut self, family: Family) -> &mut UsedSet {
+    fn family_mut(&mut self, family: Family) -> &mut FamilyState {
         match family {
-            Family::V4 => &mut self.used[0],
-            Family::V6 => &mut self.used[1],
-        }
-    }
-
-    fn shared(&self, family: Family) -> &HashMap<Group, BTreeSet<u128>> {
-        match family {
-            Family::V4 => &self.shared[0],
-            Family::V6 => &self.shared[1],
-        }
-    }
-
-    fn shared_mut(&mut self, family: Family) -> &mut HashMap<Group, BTreeSet<u128>> {
-        match family {
-            Family::V4 => &mut self.shared[0],
-            Family::V6 => &mut self.shared[1],
+            Family::V4 => &mut self.families[0],
+            Family::V6 => &mut self.families[1],
         }
     }
 
     fn has_family(&self, family: Family) -> bool {
-        self.pool.ranges.iter().any(|r| r.family == family)
+        !self.family(family).entries.is_empty()
+    }
+
+    fn is_open(&self, family: Family) -> bool {
+        !self.family(family).open.is_empty()
+    }
+
+    /// Every address in use, as (family, value).
+    fn used_values(&self) -> impl Iterator<Item = (Family, u128)> + '_ {
+        FAMILIES
+            .into_iter()
+            .flat_map(move |family| self.family(family).used.values().map(move |v| (family, v)))
     }
 }
 
@@ -253,27 +292,46 @@ impl Held {
     }
 }
 
+/// The automatic pools with room, per question asked: a free address of
+/// one family, of both, or an address where a group holds addresses.
+#[derive(Debug, Default)]
+struct AutoIndex {
+    /// Every pool with autoAssign.
+    all: BTreeSet<AutoKey>,
+    /// Those with a free address of IPv4, of IPv6.
+    open: [BTreeSet<AutoKey>; 2],
+    /// Those with a free address of both families.
+    open_both: BTreeSet<AutoKey>,
+    /// Per family and group: those where the group holds addresses.
+    groups: [HashMap<Group, BTreeSet<AutoKey>, FastHash>; 2],
+}
+
 /// Pools, holdings and the allocation rules. Plain data: no I/O, no async,
 /// deterministic, and every method is total (no panic on any input).
 #[derive(Debug, Default)]
 pub struct Allocator {
-    /// Every pool object, in creation order (see [`PoolObject::created`]).
-    objects: Vec<PoolObject>,
+    /// Every pool object by name.
+    objects: HashMap<String, PoolObject, FastHash>,
+    /// Pool names in creation order.
+    order: BTreeMap<OrderKey, String>,
     next_seq: u64,
     /// Accepted pools by name.
     pools: BTreeMap<Arc<str>, PoolState>,
-    /// Rejected pools by name, with the reason.
-    rejected: BTreeMap<String, String>,
+    /// Rejected pools by name.
+    rejected: BTreeMap<String, Rejection>,
+    /// How many rejected pools each accepted pool blocks.
+    blocking: HashMap<Arc<str>, u32, FastHash>,
     /// Accepted pools' ranges: (family, first) → (last, pool), for locating
     /// an address in O(log pools).
     index: BTreeMap<(Family, u128), (u128, Arc<str>)>,
-    /// Pools for automatic allocation in §4.4 step 4 order (pinned by
-    /// priority then name, then the others by name); autoAssign only.
-    auto_order: Vec<Arc<str>>,
+    auto: AutoIndex,
     services: HashMap<Arc<str>, Held, FastHash>,
     addresses: HashMap<IpAddr, Holders, FastHash>,
-    /// Tests: place every holding again on every pool change, as before
-    /// unchanged pools kept theirs, to compare the two.
+    /// Search steps taken (entries, runs, holders and pools looked at):
+    /// what cost tests count.
+    steps: Cell<u64>,
+    /// Tests: place every holding again on every pool change, by the full
+    /// recomputation, to compare with the shortcuts.
     #[cfg(test)]
     pub(crate) rebuild_all: bool,
 }
@@ -282,6 +340,16 @@ impl Allocator {
     /// An allocator without pools.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Search steps taken so far: entries, runs of a group, holders and
+    /// pools looked at. For tests that check cost by counting work.
+    pub fn steps(&self) -> u64 {
+        self.steps.get()
+    }
+
+    fn step(&self, n: u64) {
+        self.steps.set(self.steps.get().saturating_add(n));
     }
 
     // ----- pools -----
@@ -293,9 +361,9 @@ impl Allocator {
     }
 
     /// [`Allocator::set_pool`] for a pool whose `metadata.creationTimestamp`
-    /// (nanoseconds since the epoch) is known: pools are ordered by it (so the older of two overlapping
-    /// pools stays whatever order a host lists them in), pools without one
-    /// after those with one, in arrival order.
+    /// (nanoseconds since the epoch) is known: pools are ordered by it (so
+    /// the older of two overlapping pools stays whatever order a host lists
+    /// them in), pools without one after those with one, in arrival order.
     pub fn set_pool_created(
         &mut self,
         name: &str,
@@ -303,55 +371,271 @@ impl Allocator {
         created: Option<i128>,
     ) -> PoolChange {
         let parsed = Pool::parse(name, spec);
-        match self.objects.iter_mut().find(|object| object.name == name) {
-            Some(object) => {
-                object.parsed = parsed;
-                if created.is_some() {
-                    object.created = created;
+        let order = match self.objects.get(name) {
+            Some(old) => {
+                let created = created.or(old.order.1);
+                let order = (created.is_none(), created, old.order.2);
+                if old.order == order && old.parsed == parsed && !self.forced_rebuild() {
+                    // The same object again: nothing changes.
+                    return PoolChange::default();
                 }
+                order
             }
             None => {
                 let seq = self.next_seq;
                 self.next_seq += 1;
-                self.objects.push(PoolObject {
-                    name: name.to_owned(),
-                    parsed,
-                    created,
-                    seq,
-                });
+                (created.is_none(), created, seq)
             }
+        };
+        if let Some(old) = self
+            .objects
+            .insert(name.to_owned(), PoolObject { parsed, order })
+        {
+            self.order.remove(&old.order);
         }
-        self.objects.sort_by(|a, b| {
-            (a.created.is_none(), &a.created, a.seq).cmp(&(b.created.is_none(), &b.created, b.seq))
-        });
-        self.recompute_pools()
+        self.order.insert(order, name.to_owned());
+        let newest = self.order.last_key_value().map(|(key, _)| *key) == Some(order);
+        if newest && !self.is_blocking(name) && !self.forced_rebuild() {
+            self.set_newest(name)
+        } else {
+            self.recompute_pools(name)
+        }
     }
 
     /// Removes the pool `name`, if present, and recomputes acceptance: a pool
     /// it overlapped may now be accepted.
     pub fn remove_pool(&mut self, name: &str) -> PoolChange {
-        let before = self.objects.len();
-        self.objects.retain(|object| object.name != name);
-        if self.objects.len() == before {
+        let Some(object) = self.objects.remove(name) else {
             return PoolChange::default();
+        };
+        self.order.remove(&object.order);
+        if self.forced_rebuild() || self.is_blocking(name) {
+            return self.recompute_pools(name);
         }
-        self.recompute_pools()
+        // Nothing depends on a rejected pool, nor on an accepted one that
+        // blocks no other: only its own holdings go.
+        self.forget_rejection(name);
+        let mut change = PoolChange {
+            changed: vec![name.to_owned()],
+            ..PoolChange::default()
+        };
+        if let Some(state) = self.remove_state(name) {
+            change.released = self.rehome(&[state]);
+        }
+        change
+    }
+
+    fn forced_rebuild(&self) -> bool {
+        #[cfg(test)]
+        if self.rebuild_all {
+            return true;
+        }
+        false
+    }
+
+    fn is_blocking(&self, name: &str) -> bool {
+        self.blocking.get(name).is_some_and(|n| *n > 0)
+    }
+
+    fn forget_rejection(&mut self, name: &str) {
+        if let Some(rejection) = self.rejected.remove(name) {
+            if let Some(blocker) = rejection.blocker {
+                if let Some(count) = self.blocking.get_mut(&blocker) {
+                    *count = count.saturating_sub(1);
+                    if *count == 0 {
+                        self.blocking.remove(&blocker);
+                    }
+                }
+            }
+        }
+    }
+
+    fn reject(&mut self, name: &str, rejection: Rejection) {
+        if let Some(blocker) = &rejection.blocker {
+            *self.blocking.entry(Arc::clone(blocker)).or_insert(0) += 1;
+        }
+        self.rejected.insert(name.to_owned(), rejection);
+    }
+
+    /// The pool `name`, the newest and blocking no other, changed: only its
+    /// own acceptance is at stake, against the older accepted pools, and
+    /// only its own holdings may move. O(entries × log pools).
+    fn set_newest(&mut self, name: &str) -> PoolChange {
+        self.forget_rejection(name);
+        let old = self.remove_state(name);
+        let parsed = match self.objects.get(name) {
+            Some(object) => object.parsed.clone(),
+            None => return PoolChange::default(),
+        };
+        let mut change = PoolChange {
+            changed: vec![name.to_owned()],
+            ..PoolChange::default()
+        };
+        let verdict = parsed.map_err(|error| Rejection {
+            reason: error.to_string(),
+            blocker: None,
+        });
+        self.step(1);
+        let verdict = verdict.and_then(|pool| match overlap_in_index(&self.index, &pool) {
+            Some((error, blocker)) => Err(Rejection {
+                reason: error.to_string(),
+                blocker: Some(blocker),
+            }),
+            None => Ok(pool),
+        });
+        let mut moving = Vec::new();
+        match verdict {
+            Ok(pool) => {
+                let state = match old {
+                    Some(old) if old.pool == pool => old,
+                    other => {
+                        moving.extend(other);
+                        PoolState::new(pool)
+                    }
+                };
+                self.insert_state(state);
+            }
+            Err(rejection) => {
+                change.rejected.push(RejectedPool {
+                    name: name.to_owned(),
+                    reason: rejection.reason.clone(),
+                });
+                self.reject(name, rejection);
+                moving.extend(old);
+            }
+        }
+        change.released = self.rehome(&moving);
+        change
+    }
+
+    /// Takes the accepted pool `name` out of every index; its holdings stay
+    /// in `services` and `addresses` until [`Allocator::rehome`].
+    fn remove_state(&mut self, name: &str) -> Option<PoolState> {
+        let state = self.pools.remove(name)?;
+        for range in &state.pool.ranges {
+            self.index.remove(&(range.family, range.first));
+        }
+        if let Some(key) = &state.auto {
+            self.auto.all.remove(key);
+            self.auto.open_both.remove(key);
+            for family in FAMILIES {
+                let i = family.index();
+                if let Some(open) = self.auto.open.get_mut(i) {
+                    open.remove(key);
+                }
+                if let Some(groups) = self.auto.groups.get_mut(i) {
+                    for group in state.family(family).groups.keys() {
+                        if let Some(pools) = groups.get_mut(group) {
+                            pools.remove(key);
+                            if pools.is_empty() {
+                                groups.remove(group);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Some(state)
+    }
+
+    /// Puts an accepted pool's state in every index.
+    fn insert_state(&mut self, state: PoolState) {
+        for range in &state.pool.ranges {
+            self.index.insert(
+                (range.family, range.first),
+                (range.last, Arc::clone(&state.name)),
+            );
+        }
+        if let Some(key) = &state.auto {
+            self.auto.all.insert(key.clone());
+            for family in FAMILIES {
+                if state.is_open(family) {
+                    if let Some(open) = self.auto.open.get_mut(family.index()) {
+                        open.insert(key.clone());
+                    }
+                }
+                if let Some(groups) = self.auto.groups.get_mut(family.index()) {
+                    for group in state.family(family).groups.keys() {
+                        groups
+                            .entry(Arc::clone(group))
+                            .or_default()
+                            .insert(key.clone());
+                    }
+                }
+            }
+            if state.is_open(Family::V4) && state.is_open(Family::V6) {
+                self.auto.open_both.insert(key.clone());
+            }
+        }
+        self.pools.insert(Arc::clone(&state.name), state);
+    }
+
+    /// Books in the automatic index whether `pool` has room of `family`.
+    fn update_open(&mut self, pool: &str, family: Family) {
+        let Some(state) = self.pools.get(pool) else {
+            return;
+        };
+        let Some(key) = state.auto.clone() else {
+            return;
+        };
+        let (open, both) = (
+            state.is_open(family),
+            state.is_open(Family::V4) && state.is_open(Family::V6),
+        );
+        if let Some(set) = self.auto.open.get_mut(family.index()) {
+            if open {
+                set.insert(key.clone());
+            } else {
+                set.remove(&key);
+            }
+        }
+        if both {
+            self.auto.open_both.insert(key);
+        } else {
+            self.auto.open_both.remove(&key);
+        }
+    }
+
+    /// Books in the automatic index whether `group` holds addresses of
+    /// `family` in `pool`.
+    fn update_group(&mut self, pool: &str, family: Family, group: &Group) {
+        let Some(state) = self.pools.get(pool) else {
+            return;
+        };
+        let Some(key) = state.auto.clone() else {
+            return;
+        };
+        let holds = state.family(family).groups.contains_key(group);
+        let Some(groups) = self.auto.groups.get_mut(family.index()) else {
+            return;
+        };
+        if holds {
+            groups.entry(Arc::clone(group)).or_default().insert(key);
+        } else if let Some(pools) = groups.get_mut(group) {
+            pools.remove(&key);
+            if pools.is_empty() {
+                groups.remove(group);
+            }
+        }
     }
 
     /// Every accepted pool's counters, sorted by name.
     pub fn pool_stats(&self) -> Vec<PoolStats> {
         self.pools
             .values()
-            .map(|state| PoolStats {
-                name: state.pool.name.clone(),
-                ipv4: FamilyStats {
-                    total: state.totals[0],
-                    assigned: state.used[0].len(),
-                },
-                ipv6: FamilyStats {
-                    total: state.totals[1],
-                    assigned: state.used[1].len(),
-                },
+            .map(|state| {
+                let stats = |family| {
+                    let f = state.family(family);
+                    FamilyStats {
+                        total: f.total,
+                        assigned: f.used.len(),
+                    }
+                };
+                PoolStats {
+                    name: state.pool.name.clone(),
+                    ipv4: stats(Family::V4),
+                    ipv6: stats(Family::V6),
+                }
             })
             .collect()
     }
@@ -360,9 +644,9 @@ impl Allocator {
     pub fn rejected_pools(&self) -> Vec<RejectedPool> {
         self.rejected
             .iter()
-            .map(|(name, reason)| RejectedPool {
+            .map(|(name, rejection)| RejectedPool {
                 name: name.clone(),
-                reason: reason.clone(),
+                reason: rejection.reason.clone(),
             })
             .collect()
     }
@@ -372,70 +656,104 @@ impl Allocator {
         self.pools.get(name).map(|state| &state.pool)
     }
 
-    /// Recomputes acceptance in creation order (each pool against those
-    /// accepted before it), rebuilds the per-pool state from the holdings and
-    /// releases holdings no accepted pool allows any more.
-    fn recompute_pools(&mut self) -> PoolChange {
-        // A pool accepted before and after, with the same definition, keeps
-        // its state (used addresses, sharing index) and its holdings as
-        // they are: its ranges are still its own (an overlapping pool is
-        // rejected, or it would not be accepted). Only the holdings of the
-        // other pools are placed again.
+    /// Recomputes acceptance of every pool in creation order (each against
+    /// those accepted before it) and places again the holdings of every pool
+    /// whose definition or acceptance changed. `name` is the pool whose
+    /// change called for it. O(all entries): for the changes the shortcuts
+    /// cannot decide alone (an older pool, or one that others depend on).
+    fn recompute_pools(&mut self, name: &str) -> PoolChange {
         let mut old_pools = std::mem::take(&mut self.pools);
-        #[cfg(test)]
-        if self.rebuild_all {
-            old_pools.clear();
-        }
+        let old_rejected = std::mem::take(&mut self.rejected);
+        // Tests: every holding placed again, as before pools kept theirs.
+        let reuse = !self.forced_rebuild();
+        self.index.clear();
+        self.auto = AutoIndex::default();
+        self.blocking.clear();
         let mut kept = BTreeSet::new();
-        let mut pools = BTreeMap::new();
-        let mut rejected = BTreeMap::new();
-        let mut index: BTreeMap<(Family, u128), (u128, Arc<str>)> = BTreeMap::new();
-        for object in &self.objects {
+        let mut moving = Vec::new();
+        let names: Vec<String> = self.order.values().cloned().collect();
+        for object_name in &names {
+            self.step(1);
+            let Some(object) = self.objects.get(object_name) else {
+                continue;
+            };
             let pool = match &object.parsed {
-                Ok(pool) => pool,
+                Ok(pool) => pool.clone(),
                 Err(error) => {
-                    rejected.insert(object.name.clone(), error.to_string());
+                    let reason = error.to_string();
+                    self.reject(
+                        object_name,
+                        Rejection {
+                            reason,
+                            blocker: None,
+                        },
+                    );
                     continue;
                 }
             };
-            if let Some(error) = overlap_in_index(&index, pool) {
-                rejected.insert(object.name.clone(), error.to_string());
+            if let Some((error, blocker)) = overlap_in_index(&self.index, &pool) {
+                let rejection = Rejection {
+                    reason: error.to_string(),
+                    blocker: Some(blocker),
+                };
+                self.reject(object_name, rejection);
                 continue;
             }
-            let state = match old_pools.remove(object.name.as_str()) {
-                Some(old) if old.pool == *pool => {
+            let state = match old_pools.remove(object_name.as_str()) {
+                Some(old) if reuse && old.pool == pool => {
                     kept.insert(Arc::clone(&old.name));
                     old
                 }
-                _ => PoolState::new(pool.clone()),
+                other => {
+                    moving.extend(other);
+                    PoolState::new(pool)
+                }
             };
-            for range in &state.pool.ranges {
-                index.insert(
-                    (range.family, range.first),
-                    (range.last, Arc::clone(&state.name)),
-                );
-            }
-            pools.insert(Arc::clone(&state.name), state);
+            self.insert_state(state);
         }
-        self.pools = pools;
-        self.rejected = rejected;
-        self.index = index;
-        self.auto_order = auto_order(&self.pools);
-        self.rehome_holdings(&kept)
+        moving.extend(old_pools.into_values());
+        let released = self.rehome(&moving);
+        let mut changed: BTreeSet<String> = self
+            .pools
+            .keys()
+            .filter(|pool| !kept.contains(*pool))
+            .map(|pool| pool.to_string())
+            .collect();
+        changed.extend(moving.iter().map(|state| state.name.to_string()));
+        changed.insert(name.to_owned());
+        let rejected = self
+            .rejected
+            .iter()
+            .filter(|(pool, r)| {
+                *pool == name || old_rejected.get(*pool).map(|o| &o.reason) != Some(&r.reason)
+            })
+            .map(|(pool, r)| RejectedPool {
+                name: pool.clone(),
+                reason: r.reason.clone(),
+            })
+            .collect();
+        PoolChange {
+            released,
+            changed: changed.into_iter().collect(),
+            rejected,
+        }
     }
 
-    /// Places again every holding outside the `kept` pools: in the pool that
-    /// now contains its addresses, or nowhere (released).
-    fn rehome_holdings(&mut self, kept: &BTreeSet<Arc<str>>) -> PoolChange {
-        let moving: Vec<Arc<str>> = self
-            .services
-            .iter()
-            .filter(|(_, held)| !kept.contains(&held.pool))
-            .map(|(key, _)| Arc::clone(key))
-            .collect();
-        let mut services: Vec<(Arc<str>, Held)> = Vec::with_capacity(moving.len());
-        for key in moving {
-            if let Some(entry) = self.services.remove_entry(&key) {
+    /// Places again the holdings of the pools `gone` (no longer in any
+    /// index): in the accepted pool that now contains their addresses, or
+    /// nowhere (released). Costs the number of those holdings.
+    fn rehome(&mut self, gone: &[PoolState]) -> Vec<Released> {
+        let mut keys: BTreeSet<Arc<str>> = BTreeSet::new();
+        for state in gone {
+            for (family, value) in state.used_values() {
+                if let Some(holders) = self.addresses.get(&from_int(family, value)) {
+                    keys.extend(holders.iter().cloned());
+                }
+            }
+        }
+        let mut services = Vec::with_capacity(keys.len());
+        for key in &keys {
+            if let Some(entry) = self.services.remove_entry(key) {
                 // All holders of an address are in its one pool: they all
                 // move, and the entry goes.
                 for ip in entry.1.ips.iter() {
@@ -445,7 +763,6 @@ impl Allocator {
             }
         }
         // In key order, so holders are listed the same way in every run.
-        services.sort_by(|a, b| a.0.cmp(&b.0));
         let mut released = Vec::new();
         for (key, mut held) in services {
             match self.pool_of_all(&held.ips) {
@@ -460,11 +777,7 @@ impl Allocator {
                 }),
             }
         }
-        released.sort_by(|a, b| a.key.cmp(&b.key));
-        PoolChange {
-            released,
-            unchanged: kept.iter().map(|name| name.to_string()).collect(),
-        }
+        released
     }
 
     /// The accepted pool that contains `ip` and allows it.
@@ -564,13 +877,10 @@ impl Allocator {
 
     /// The Services holding `ip`, sorted.
     pub fn holders(&self, ip: IpAddr) -> Vec<String> {
-        let mut holders: Vec<String> = self
-            .addresses
+        self.addresses
             .get(&ip)
             .map(|holders| holders.iter().map(|h| h.to_string()).collect())
-            .unwrap_or_default();
-        holders.sort();
-        holders
+            .unwrap_or_default()
     }
 
     /// The sharing key and ports `key` holds its addresses with, to tell
@@ -598,16 +908,38 @@ impl Allocator {
             let Some(holders) = self.addresses.get_mut(&ip) else {
                 continue;
             };
-            if holders.remove(&key) {
-                continue;
-            }
-            self.addresses.remove(&ip);
+            let still_held = holders.remove(&key, held.ports());
             let (family, value) = to_int(ip);
-            if let Some(state) = self.pools.get_mut(&held.pool) {
-                state.used_mut(family).remove(value);
-                if let Some(sharing) = &held.sharing {
-                    remove_shared(state, family, &sharing.group, value);
+            let Some(state) = self.pools.get_mut(&held.pool) else {
+                if !still_held {
+                    self.addresses.remove(&ip);
                 }
+                continue;
+            };
+            let family_state = state.family_mut(family);
+            let rank = family_state.rank(value);
+            let mut group_gone = None;
+            if let (Some(sharing), Some(rank)) = (&held.sharing, rank) {
+                if let Some(group) = family_state.groups.get_mut(&sharing.group) {
+                    for port in sharing.ports.iter() {
+                        group.remove_port(rank, port);
+                    }
+                    if !still_held {
+                        group.leave(rank);
+                        if group.is_empty() {
+                            family_state.groups.remove(&sharing.group);
+                            group_gone = Some(Arc::clone(&sharing.group));
+                        }
+                    }
+                }
+            }
+            if !still_held {
+                self.addresses.remove(&ip);
+                family_state.free(value);
+                self.update_open(&held.pool, family);
+            }
+            if let Some(group) = group_gone {
+                self.update_group(&held.pool, family, &group);
             }
         }
         Some(Holding {
@@ -618,22 +950,54 @@ impl Allocator {
 
     fn insert_held(&mut self, key: Arc<str>, held: Held) {
         for &ip in held.ips.iter() {
-            match self.addresses.get_mut(&ip) {
-                Some(holders) => holders.add(Arc::clone(&key)),
+            let (family, value) = to_int(ip);
+            let new_address = match self.addresses.get_mut(&ip) {
+                Some(holders) => {
+                    let first_ports = holders
+                        .first_other(&key)
+                        .and_then(|first| self.services.get(first))
+                        .map_or(&[][..], Held::ports);
+                    holders.add(Arc::clone(&key), held.ports(), first_ports);
+                    false
+                }
                 None => {
                     self.addresses.insert(ip, Holders::One(Arc::clone(&key)));
-                    let (family, value) = to_int(ip);
-                    if let Some(state) = self.pools.get_mut(&held.pool) {
-                        state.used_mut(family).insert(value);
-                        if let Some(sharing) = &held.sharing {
-                            state
-                                .shared_mut(family)
-                                .entry(Arc::clone(&sharing.group))
-                                .or_default()
-                                .insert(value);
-                        }
-                    }
+                    true
                 }
+            };
+            let Some(state) = self.pools.get_mut(&held.pool) else {
+                continue;
+            };
+            let pool = &state.pool;
+            let family_state = match family {
+                Family::V4 => &mut state.families[0],
+                Family::V6 => &mut state.families[1],
+            };
+            if new_address {
+                family_state.take(pool, value);
+            }
+            let mut group_new = None;
+            if let (Some(sharing), Some(rank)) = (&held.sharing, family_state.rank(value)) {
+                let group = match family_state.groups.get_mut(&sharing.group) {
+                    Some(group) => group,
+                    None => {
+                        group_new = Some(Arc::clone(&sharing.group));
+                        family_state
+                            .groups
+                            .entry(Arc::clone(&sharing.group))
+                            .or_default()
+                    }
+                };
+                group.join(rank);
+                for port in sharing.ports.iter() {
+                    group.add_port(rank, port);
+                }
+            }
+            if new_address {
+                self.update_open(&held.pool, family);
+            }
+            if let Some(group) = group_new {
+                self.update_group(&held.pool, family, &group);
             }
         }
         self.services.insert(key, held);
@@ -677,45 +1041,63 @@ impl Allocator {
 
     /// Whether `ip` may be given to `request` (whose group is `group`), the
     /// Service's own holding aside: free, or every other holder shares it
-    /// under §4.4.
+    /// under §4.4. O(ports × log holders).
     fn fits(
         &self,
         ip: IpAddr,
         request: &Request<'_>,
         group: Option<&str>,
     ) -> Result<(), ShareConflict> {
+        self.step(1);
         let Some(holders) = self.addresses.get(&ip) else {
             return Ok(());
         };
-        for holder in holders.iter().filter(|h| ***h != *request.key) {
-            let Some(held) = self.services.get(holder) else {
-                continue;
-            };
-            let holder = holder.to_string();
-            let (Some(theirs), Some(ours)) = (held.group(), group) else {
-                return Err(ShareConflict::InUse { holder });
-            };
-            if theirs != ours {
-                return Err(if sharing_part(theirs) != request.sharing_key {
-                    ShareConflict::OtherKey { holder }
-                } else {
-                    ShareConflict::OtherBackend { holder }
-                });
-            }
-            if let Some(port) = held.ports().iter().find(|p| request.ports.contains(p)) {
-                return Err(ShareConflict::Port {
-                    holder,
-                    port: port.clone(),
-                });
-            }
+        let Some(first) = holders.first_other(request.key) else {
+            return Ok(());
+        };
+        let Some(first_held) = self.services.get(first) else {
+            return Ok(());
+        };
+        // Every holder of an address has the same group.
+        let (Some(theirs), Some(ours)) = (first_held.group(), group) else {
+            return Err(ShareConflict::InUse {
+                holder: first.to_string(),
+            });
+        };
+        if theirs != ours {
+            let holder = first.to_string();
+            return Err(if sharing_part(theirs) != request.sharing_key {
+                ShareConflict::OtherKey { holder }
+            } else {
+                ShareConflict::OtherBackend { holder }
+            });
         }
-        Ok(())
+        let (shared, steps) = holders.first_with_port(request.key, request.ports);
+        self.step(steps);
+        let conflicting = match shared {
+            Some(holder) => holder,
+            // One holder: its own ports.
+            None => Some(first),
+        };
+        let Some(holder) = conflicting else {
+            return Ok(());
+        };
+        let Some(held) = self.services.get(holder) else {
+            return Ok(());
+        };
+        match held.ports().iter().find(|p| request.ports.contains(p)) {
+            Some(port) => Err(ShareConflict::Port {
+                holder: holder.to_string(),
+                port: port.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Checks `ips` against every rule for `request`: families, one pool
     /// that serves it (autoAssign aside) and allows them, sharing, and the
     /// requested addresses and pool. `partial` accepts one address of a
-    /// PreferDualStack Service (a held address; requests need both).
+    /// PreferDualStack Service (a held or requested address).
     fn check(
         &self,
         request: &Request<'_>,
@@ -784,10 +1166,13 @@ impl Allocator {
     pub fn allocate(&mut self, request: &Request<'_>) -> Result<Holding, AllocError> {
         self.release(request.key);
         if !request.addresses.is_empty() {
-            let pool = self.check(request, request.addresses, false)?;
+            // A PreferDualStack Service may ask for one address of either
+            // family, and then holds just that one (§4.2).
+            let partial = matches!(request.families, FamilyPolicy::PreferDual { .. });
+            let pool = self.check(request, request.addresses, partial)?;
             return Ok(self.hold(request, pool, request.addresses.to_vec()));
         }
-        let candidates: Vec<Arc<str>> = match request.pool {
+        let (pool, ips) = match request.pool {
             Some(name) => {
                 let state = self
                     .pools
@@ -800,34 +1185,21 @@ impl Allocator {
                         pool: name.to_owned(),
                     });
                 }
-                vec![Arc::clone(&state.name)]
+                let candidates = [Arc::clone(&state.name)];
+                self.choose(request, &candidates)?
             }
-            None => {
-                let serving: Vec<Arc<str>> = self
-                    .auto_order
-                    .iter()
-                    .filter(|name| {
-                        self.pools
-                            .get(*name)
-                            .is_some_and(|s| s.pool.serves(&request.subject))
-                    })
-                    .cloned()
-                    .collect();
-                if serving.is_empty() {
-                    return Err(AllocError::NoPool);
-                }
-                serving
-            }
+            None => self.choose_auto(request)?,
         };
-        let (pool, ips) = self.choose(request, &candidates)?;
         Ok(self.hold(request, pool, ips))
     }
 
-    /// For a PreferDualStack Service holding one address: adds the missing
-    /// family from the same pool if one fits. Returns the new holding when
-    /// an address was added.
+    /// For a PreferDualStack Service holding one address it did not
+    /// request: adds the missing family from the same pool if one fits.
+    /// Returns the new holding when an address was added.
     pub fn complete_dual_stack(&mut self, request: &Request<'_>) -> Option<Holding> {
-        if !matches!(request.families, FamilyPolicy::PreferDual { .. }) {
+        if !matches!(request.families, FamilyPolicy::PreferDual { .. })
+            || !request.addresses.is_empty()
+        {
             return None;
         }
         let held = self.services.get(request.key)?;
@@ -844,14 +1216,10 @@ impl Allocator {
         Some(self.hold(request, pool, ips))
     }
 
-    /// The first candidate pool (in order) that satisfies the family rule of
-    /// §4.3, with its addresses.
-    fn choose(
-        &self,
-        request: &Request<'_>,
-        candidates: &[Arc<str>],
-    ) -> Result<(Arc<str>, Vec<IpAddr>), AllocError> {
-        let passes: &[&[Family]] = match request.families {
+    /// The family passes of §4.3: the families one pool must give at once,
+    /// in the order they are tried.
+    fn passes(families: FamilyPolicy) -> &'static [&'static [Family]] {
+        match families {
             FamilyPolicy::Single(Family::V4) => &[&[Family::V4]],
             FamilyPolicy::Single(Family::V6) => &[&[Family::V6]],
             FamilyPolicy::RequireDual => &[&[Family::V4, Family::V6]],
@@ -861,24 +1229,136 @@ impl Allocator {
             FamilyPolicy::PreferDual {
                 primary: Family::V6,
             } => &[&[Family::V4, Family::V6], &[Family::V6], &[Family::V4]],
+        }
+    }
+
+    /// The addresses of `families` that `state` gives `request`, if it has
+    /// a fitting one of each.
+    fn fit_all(
+        &self,
+        state: &PoolState,
+        families: &[Family],
+        request: &Request<'_>,
+    ) -> Option<Vec<IpAddr>> {
+        families
+            .iter()
+            .map(|&family| {
+                self.lowest_fit(state, family, request)
+                    .map(|v| from_int(family, v))
+            })
+            .collect()
+    }
+
+    /// §4.4 step 4 without a walk over the pools: per family pass, only the
+    /// automatic pools that have room for it (a free address of each
+    /// family, or addresses of the Service's group) are looked at, in
+    /// order, and the first that serves the Service and fits wins.
+    fn choose_auto(&self, request: &Request<'_>) -> Result<(Arc<str>, Vec<IpAddr>), AllocError> {
+        let group = group_of(request.sharing_key, request.backend_key);
+        let no_pools = BTreeSet::new();
+        let open = |family: Family| self.auto.open.get(family.index()).unwrap_or(&no_pools);
+        let stacks = |family: Family| {
+            group.as_deref().and_then(|group| {
+                self.auto
+                    .groups
+                    .get(family.index())
+                    .and_then(|groups| groups.get(group))
+            })
         };
-        for families in passes {
-            for name in candidates {
+        for families in Self::passes(request.families) {
+            // Pools with a free address of every family of the pass, and
+            // (few) pools where the group stacks for one family and the
+            // other is free or stacked too.
+            let (with_room, mut stacking): (&BTreeSet<AutoKey>, BTreeSet<&AutoKey>) =
+                match *families {
+                    [family] => (
+                        open(*family),
+                        stacks(*family).into_iter().flatten().collect(),
+                    ),
+                    _ => {
+                        let mut stacking = BTreeSet::new();
+                        for (family, other) in [(Family::V4, Family::V6), (Family::V6, Family::V4)]
+                        {
+                            let other_stacks = stacks(other);
+                            for key in stacks(family).into_iter().flatten() {
+                                let other_ok = open(other).contains(key)
+                                    || other_stacks.is_some_and(|s| s.contains(key));
+                                if other_ok {
+                                    stacking.insert(key);
+                                }
+                            }
+                        }
+                        (&self.auto.open_both, stacking)
+                    }
+                };
+            let mut with_room = with_room.iter().peekable();
+            loop {
+                // The two sorted sources merged, lowest first.
+                let next = match (with_room.peek(), stacking.first()) {
+                    (Some(a), Some(b)) if *b < *a => stacking.pop_first(),
+                    (Some(_), _) => with_room.next(),
+                    (None, Some(_)) => stacking.pop_first(),
+                    (None, None) => break,
+                };
+                let Some(key) = next else {
+                    break;
+                };
+                stacking.remove(key);
+                self.step(1);
+                let name = &key.2;
                 let Some(state) = self.pools.get(name) else {
                     continue;
                 };
-                let ips: Option<Vec<IpAddr>> = families
-                    .iter()
-                    .map(|&family| {
-                        self.lowest_fit(state, family, request)
-                            .map(|v| from_int(family, v))
-                    })
-                    .collect();
-                if let Some(ips) = ips {
+                if !state.pool.serves(&request.subject) {
+                    continue;
+                }
+                if let Some(ips) = self.fit_all(state, families, request) {
                     return Ok((Arc::clone(name), ips));
                 }
             }
         }
+        // No pool fits: the failure names every pool tried, as the walk over
+        // all of them would.
+        let serving: Vec<Arc<str>> = self
+            .auto
+            .all
+            .iter()
+            .filter(|(_, _, name)| {
+                self.step(1);
+                self.pools
+                    .get(name)
+                    .is_some_and(|s| s.pool.serves(&request.subject))
+            })
+            .map(|(_, _, name)| Arc::clone(name))
+            .collect();
+        if serving.is_empty() {
+            return Err(AllocError::NoPool);
+        }
+        Err(self.no_fit(request, &serving))
+    }
+
+    /// The first candidate pool (in order) that satisfies the family rule of
+    /// §4.3, with its addresses.
+    fn choose(
+        &self,
+        request: &Request<'_>,
+        candidates: &[Arc<str>],
+    ) -> Result<(Arc<str>, Vec<IpAddr>), AllocError> {
+        for families in Self::passes(request.families) {
+            for name in candidates {
+                let Some(state) = self.pools.get(name) else {
+                    continue;
+                };
+                if let Some(ips) = self.fit_all(state, families, request) {
+                    return Ok((Arc::clone(name), ips));
+                }
+            }
+        }
+        Err(self.no_fit(request, candidates))
+    }
+
+    /// Why none of `candidates` fits `request`.
+    fn no_fit(&self, request: &Request<'_>, candidates: &[Arc<str>]) -> AllocError {
         if let [only] = candidates {
             let state = self.pools.get(only);
             let missing = match request.families {
@@ -889,10 +1369,10 @@ impl Allocator {
                 FamilyPolicy::PreferDual { .. } => None,
             };
             if let Some(family) = missing.filter(|f| state.is_some_and(|s| !s.has_family(*f))) {
-                return Err(AllocError::NoFamilyInPool {
+                return AllocError::NoFamilyInPool {
                     pool: only.to_string(),
                     family,
-                });
+                };
             }
         }
         let needed = match request.families {
@@ -900,28 +1380,72 @@ impl Allocator {
             FamilyPolicy::RequireDual => "both an IPv4 and an IPv6 address".to_owned(),
             FamilyPolicy::PreferDual { .. } => "an IPv4 or IPv6 address".to_owned(),
         };
-        Err(AllocError::NoAvailable {
+        AllocError::NoAvailable {
             needed,
             pools: candidates.iter().map(|name| name.to_string()).collect(),
-        })
+        }
     }
 
     /// The lowest address of `family` in `state` that fits `request`:
     /// entries in `spec.addresses` order, each from its lowest address up.
-    /// O(log n) for a free address; a sharing Service also looks at the
-    /// addresses of its own group.
+    /// The lowest free address is the first open entry's; a sharing Service
+    /// may also stack on an address of its group before it, where none of
+    /// its ports is taken. O(log) either way.
     fn lowest_fit(&self, state: &PoolState, family: Family, request: &Request<'_>) -> Option<u128> {
+        let family_state = state.family(family);
+        let free = family_state.lowest_free(&state.pool);
+        self.step(1);
         let group = group_of(request.sharing_key, request.backend_key);
-        let group_addresses = group.as_deref().and_then(|g| state.shared(family).get(g));
+        let shared = group
+            .as_deref()
+            .and_then(|g| family_state.groups.get(g))
+            .and_then(|index| {
+                let until = free.unwrap_or((u32::MAX, u128::MAX));
+                let (found, steps) = index.first_without(request.ports, (0, 0), until);
+                self.step(steps);
+                found
+            });
+        let best = match (free, shared) {
+            (Some(free), Some(shared)) => Some(free.min(shared)),
+            (free, shared) => free.or(shared),
+        };
+        let found = best.map(|(_, value)| value);
+        #[cfg(test)]
+        assert_eq!(
+            found,
+            self.lowest_fit_by_scan(state, family, request),
+            "the indexes disagree with a scan of the pool"
+        );
+        found
+    }
+
+    /// [`Allocator::lowest_fit`] as a walk over every entry and every
+    /// address of the group: what the indexes must answer.
+    #[cfg(test)]
+    fn lowest_fit_by_scan(
+        &self,
+        state: &PoolState,
+        family: Family,
+        request: &Request<'_>,
+    ) -> Option<u128> {
+        let group = group_of(request.sharing_key, request.backend_key);
+        let used = &state.family(family).used;
         for range in state.pool.ranges.iter().filter(|r| r.family == family) {
-            let free = state.used(family).lowest_free(range.first, range.last);
-            let shared = group_addresses.and_then(|addresses| {
-                addresses
-                    .range(range.first..=free.unwrap_or(range.last))
-                    .copied()
+            let free = used.lowest_free(range.first, range.last);
+            let upper = free.unwrap_or(range.last);
+            let shared = group.as_deref().and_then(|group| {
+                used.values()
+                    .filter(|v| *v >= range.first && *v <= upper)
                     .find(|&value| {
-                        self.fits(from_int(family, value), request, group.as_deref())
-                            .is_ok()
+                        let ip = from_int(family, value);
+                        self.addresses.get(&ip).is_some_and(|holders| {
+                            holders.iter().all(|h| {
+                                self.services.get(h).is_some_and(|held| {
+                                    held.group() == Some(group)
+                                        && !held.ports().iter().any(|p| request.ports.contains(p))
+                                })
+                            })
+                        })
                     })
             });
             let best = match (free, shared) {
@@ -937,10 +1461,10 @@ impl Allocator {
 
     // ----- checks -----
 
-    /// Checks the allocator's own invariants (DESIGN.md §6): no address held
-    /// by two Services unless they share it under §4.4, every held address
-    /// inside an accepted pool that allows it, and counters equal to a
-    /// recount. Returns every violation found.
+    /// Checks the allocator's own invariants (docs/allocation.md §6): no
+    /// address held by two Services unless they share it under §4.4, every
+    /// held address inside an accepted pool that allows it, and counters
+    /// equal to a recount. Returns every violation found.
     pub fn check_invariants(&self) -> Result<(), Vec<String>> {
         let mut problems = Vec::new();
         let mut recount: BTreeMap<(&str, Family), u128> = BTreeMap::new();
@@ -999,16 +1523,34 @@ impl Allocator {
             }
         }
         for (name, state) in &self.pools {
-            for family in [Family::V4, Family::V6] {
+            for family in FAMILIES {
+                let family_state = state.family(family);
                 let counted = recount.get(&(&**name, family)).copied().unwrap_or(0);
-                if state.used(family).len() != counted {
+                if family_state.used.len() != counted {
                     problems.push(format!(
                         "pool {name} {family}: counter {} but {counted} addresses held",
-                        state.used(family).len()
+                        family_state.used.len()
                     ));
                 }
-                if state.totals.get(family.index()) != Some(&state.pool.total(family)) {
+                if family_state.total != state.pool.total(family) {
                     problems.push(format!("pool {name} {family}: total is stale"));
+                }
+                let open = state.pool.ranges.iter().enumerate().filter(|(_, r)| {
+                    r.family == family && family_state.used.lowest_free(r.first, r.last).is_some()
+                });
+                let open: BTreeSet<u32> = open.filter_map(|(i, _)| u32::try_from(i).ok()).collect();
+                if open != family_state.open {
+                    problems.push(format!("pool {name} {family}: entries with room are stale"));
+                }
+                if let Some(key) = &state.auto {
+                    let booked = self
+                        .auto
+                        .open
+                        .get(family.index())
+                        .is_some_and(|set| set.contains(key));
+                    if booked != state.is_open(family) {
+                        problems.push(format!("pool {name} {family}: automatic index is stale"));
+                    }
                 }
             }
         }
@@ -1020,22 +1562,12 @@ impl Allocator {
     }
 }
 
-fn remove_shared(state: &mut PoolState, family: Family, group: &Group, value: u128) {
-    let shared = state.shared_mut(family);
-    if let Some(addresses) = shared.get_mut(group) {
-        addresses.remove(&value);
-        if addresses.is_empty() {
-            shared.remove(group);
-        }
-    }
-}
-
-/// The first overlap of `pool` with a range already in `index`, in
-/// O(entries × log(ranges)).
+/// The first overlap of `pool` with a range already in `index`, and the
+/// pool it overlaps, in O(entries × log(ranges)).
 fn overlap_in_index(
     index: &BTreeMap<(Family, u128), (u128, Arc<str>)>,
     pool: &Pool,
-) -> Option<PoolError> {
+) -> Option<(PoolError, Arc<str>)> {
     for range in &pool.ranges {
         // Ranges in the index are disjoint: only the one starting last at or
         // before our last address can overlap us.
@@ -1050,35 +1582,15 @@ fn overlap_in_index(
                 first: *first,
                 last: *last,
             };
-            return Some(PoolError::Overlap {
+            let error = PoolError::Overlap {
                 entry: range.to_string(),
                 other_pool: other.to_string(),
                 other_entry: theirs.to_string(),
-            });
+            };
+            return Some((error, Arc::clone(other)));
         }
     }
     None
-}
-
-fn auto_order(pools: &BTreeMap<Arc<str>, PoolState>) -> Vec<Arc<str>> {
-    let mut pinned: Vec<&PoolState> = pools
-        .values()
-        .filter(|s| s.pool.auto_assign && s.pool.is_pinned())
-        .collect();
-    pinned.sort_by(|a, b| {
-        a.pool
-            .priority_rank()
-            .cmp(&b.pool.priority_rank())
-            .then_with(|| a.name.cmp(&b.name))
-    });
-    let unpinned = pools
-        .values()
-        .filter(|s| s.pool.auto_assign && !s.pool.is_pinned());
-    pinned
-        .into_iter()
-        .chain(unpinned)
-        .map(|s| Arc::clone(&s.name))
-        .collect()
 }
 
 #[cfg(test)]

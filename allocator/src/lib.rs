@@ -19,6 +19,8 @@ mod addr;
 mod alloc;
 mod count;
 mod error;
+mod group;
+mod holders;
 mod pool;
 mod request;
 mod selector;

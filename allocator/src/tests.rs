@@ -342,14 +342,23 @@ fn requested_addresses_are_exact() {
         alloc(&mut a, &svc("ns/b").asking(&["fd00::1"])),
         Err(AllocError::WrongFamily { .. })
     ));
-    // Dual stack must ask for one of each, from one pool.
+    // RequireDualStack must ask for one of each, from one pool;
+    // PreferDualStack may ask for one address of either family and then
+    // holds just that one (docs/allocation.md §4.2).
     assert!(matches!(
-        alloc(
-            &mut a,
-            &svc("ns/d").prefer(Family::V4).asking(&["10.0.0.9"])
-        ),
+        alloc(&mut a, &svc("ns/d").dual().asking(&["10.0.0.9"])),
         Err(AllocError::WrongFamily { .. })
     ));
+    assert_eq!(
+        one(
+            &mut a,
+            &svc("ns/d").prefer(Family::V6).asking(&["10.0.0.9"])
+        ),
+        "10.0.0.9"
+    );
+    let asked_one = svc("ns/d").prefer(Family::V6).asking(&["10.0.0.9"]);
+    assert_eq!(a.complete_dual_stack(&asked_one.req()), None);
+    a.release("ns/d");
     assert_eq!(
         one(&mut a, &svc("ns/d").dual().asking(&["fd00::9", "10.0.0.9"])),
         "10.0.0.9,fd00::9"
@@ -660,10 +669,23 @@ enum Op {
     RemovePool {
         pool: u8,
     },
+    CompleteDual {
+        service: u8,
+        share: Option<u8>,
+        port: u8,
+    },
 }
 
 const POOL_SHAPES: &[&[&str]] = &[
     &["10.0.0.0/30"],
+    // Entries high to low: search order is spec order, not address order.
+    &[
+        "10.0.0.7/32",
+        "10.0.0.4/31",
+        "10.0.0.0/30",
+        "fd00::5/128",
+        "fd00::/126",
+    ],
     &["10.0.0.2-10.0.0.5", "fd00::/126"],
     &["10.0.0.254-10.0.1.1"],
     &["fd00::2-fd00::4"],
@@ -673,7 +695,7 @@ const POOL_SHAPES: &[&[&str]] = &[
 ];
 
 fn address(n: u8) -> IpAddr {
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         IpAddr::from([10, 0, 0, n / 2 % 8])
     } else {
         ip(&format!("fd00::{}", n / 2 % 8))
@@ -688,6 +710,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u8..8).prop_map(|service| Op::Release { service }),
         1 => (0u8..3, 0u8..POOL_SHAPES.len() as u8).prop_map(|(pool, shape)| Op::SetPool { pool, shape }),
         1 => (0u8..3).prop_map(|pool| Op::RemovePool { pool }),
+        1 => (0u8..8, proptest::option::of(0u8..2), 0u8..3)
+            .prop_map(|(service, share, port)| Op::CompleteDual { service, share, port }),
     ]
 }
 
@@ -714,7 +738,7 @@ fn apply(a: &mut Allocator, op: &Op) -> String {
             address: n,
         } => {
             let s = svc(&format!("ns/s{service}"));
-            let s = if n % 2 == 0 { s } else { s.v6() };
+            let s = if n.is_multiple_of(2) { s } else { s.v6() };
             format!("{:?}", a.keep(&s.req(), &[address(n)]))
         }
         Op::Release { service } => format!("{:?}", a.release(&format!("ns/s{service}"))),
@@ -727,6 +751,14 @@ fn apply(a: &mut Allocator, op: &Op) -> String {
         // allocator got there.
         Op::RemovePool { pool } => {
             format!("{:?}", a.remove_pool(&format!("pool{pool}")).released)
+        }
+        Op::CompleteDual {
+            service,
+            share,
+            port,
+        } => {
+            let s = service_for(service, share, port, 3);
+            format!("{:?}", a.complete_dual_stack(&s.req()))
         }
     }
 }
@@ -817,5 +849,120 @@ proptest! {
         let expected = usable.iter().find(|v| !taken.contains(v)).map(|v| IpAddr::from(std::net::Ipv4Addr::from(*v)));
         let got = a.allocate(&svc("ns/new").req()).ok().and_then(|h| h.ips.first().copied());
         prop_assert_eq!(got, expected);
+    }
+}
+
+/// Cost regressions (docs/allocation.md §4.9): shapes whose cost per
+/// Service once grew with the cluster, checked by counting the search steps
+/// the allocator takes, at sizes where the old walks took at least 20 times
+/// the steps of a linear bound.
+mod cost {
+    use super::*;
+
+    const N: u32 = 3000;
+
+    fn v4(n: u32) -> String {
+        std::net::Ipv4Addr::from(0x0a00_0000 + n).to_string()
+    }
+
+    /// Steps per Service stay below `per_service` (a constant, with room for
+    /// the logarithms).
+    fn assert_linear(a: &Allocator, services: u32, per_service: u64) {
+        let steps = a.steps();
+        assert!(
+            steps <= u64::from(services) * per_service,
+            "{steps} steps for {services} services: more than {per_service} each"
+        );
+    }
+
+    #[test]
+    fn slash_32_entries_listed_high_to_low() {
+        let entries: Vec<String> = (0..N).rev().map(|n| format!("{}/32", v4(n))).collect();
+        let entries: Vec<&str> = entries.iter().map(String::as_str).collect();
+        let mut a = with_pools(&[("p", &entries)]);
+        for i in 0..N {
+            let holding = a.allocate(&svc(&format!("ns/s{i}")).req()).unwrap();
+            // Spec order: the highest address first.
+            assert_eq!(holding.ips, vec![ip(&v4(N - 1 - i))]);
+        }
+        assert_linear(&a, N, 8);
+    }
+
+    #[test]
+    fn one_sharing_key_all_on_port_80_steps_up() {
+        let mut a = with_pools(&[("p", &["10.0.0.0/16"])]);
+        for i in 0..N {
+            let s = svc(&format!("ns/s{i}")).share("k", &[80]);
+            let holding = a.allocate(&s.req()).unwrap();
+            assert_eq!(holding.ips, vec![ip(&v4(i))]);
+        }
+        // A hole low down is found at once, and the next one steps up again.
+        a.release("ns/s7");
+        let s = svc("ns/again").share("k", &[80]);
+        assert_eq!(a.allocate(&s.req()).unwrap().ips, vec![ip(&v4(7))]);
+        let s = svc("ns/next").share("k", &[80]);
+        assert_eq!(a.allocate(&s.req()).unwrap().ips, vec![ip(&v4(N))]);
+        assert_linear(&a, N + 2, 12);
+    }
+
+    #[test]
+    fn one_sharing_key_each_its_own_port_stacks_on_one_address() {
+        let mut a = with_pools(&[("p", &["10.0.0.0/16"])]);
+        for i in 0..N {
+            let port = i32::try_from(i).unwrap() + 1;
+            let s = svc(&format!("ns/s{i}")).share("k", &[port]);
+            assert_eq!(a.allocate(&s.req()).unwrap().ips, vec![ip(&v4(0))]);
+        }
+        // A port in use is refused by name, without a walk over the holders.
+        let s = svc("ns/clash").share("k", &[5]);
+        assert_eq!(
+            a.can_keep(&s.req(), &[ip(&v4(0))]),
+            Err(AllocError::Taken {
+                ip: ip(&v4(0)),
+                conflict: ShareConflict::Port {
+                    holder: "ns/s4".to_owned(),
+                    port: tcp(5),
+                },
+            })
+        );
+        assert_linear(&a, N, 12);
+    }
+
+    #[test]
+    fn many_small_pools_added_one_by_one_and_filled() {
+        let mut a = Allocator::new();
+        for p in 0..N {
+            a.set_pool(
+                &format!("p{p:05}"),
+                &pool_spec(&[&format!("{}/30", v4(4 * p))]),
+            );
+            let holding = a.allocate(&svc(&format!("ns/s{p}")).req()).unwrap();
+            assert_eq!(holding.pool, format!("p{p:05}"));
+            for extra in 1..4 {
+                a.allocate(&svc(&format!("ns/s{p}-{extra}")).req()).unwrap();
+            }
+        }
+        assert_eq!(a.len(), 4 * N as usize);
+        assert_linear(&a, 4 * N, 8);
+    }
+
+    #[test]
+    fn a_chain_of_overlapping_pools_then_the_first_deleted() {
+        let mut a = Allocator::new();
+        for p in 0..N {
+            // Each overlaps the one before it.
+            let first = v4(2 * p);
+            let last = v4(2 * p + 2);
+            a.set_pool(
+                &format!("p{p:05}"),
+                &pool_spec(&[&format!("{first}-{last}")]),
+            );
+        }
+        assert_eq!(a.rejected_pools().len(), (N / 2) as usize);
+        let change = a.remove_pool("p00000");
+        // Every acceptance flips once: that is what the change does.
+        assert_eq!(a.rejected_pools().len(), (N / 2 - 1) as usize);
+        assert!(change.changed.len() >= (N - 1) as usize);
+        assert_linear(&a, N, 8);
     }
 }

@@ -121,10 +121,39 @@ impl UsedSet {
         (candidate <= last).then_some(candidate)
     }
 
+    /// Every address in use, lowest first: costs the number of runs plus
+    /// the addresses in them (unusable ones inside a run are skipped).
+    pub(crate) fn values(&self) -> impl Iterator<Item = u128> + '_ {
+        let usable = self.usable;
+        self.runs
+            .iter()
+            .flat_map(|(&start, &end)| RunValues {
+                next: Some(start),
+                end,
+            })
+            .filter(move |v| usable.is_usable(*v))
+    }
+
     /// Number of runs: memory is proportional to this.
     #[cfg(test)]
     pub(crate) fn runs(&self) -> usize {
         self.runs.len()
+    }
+}
+
+/// The values of one run, lowest first.
+struct RunValues {
+    next: Option<u128>,
+    end: u128,
+}
+
+impl Iterator for RunValues {
+    type Item = u128;
+
+    fn next(&mut self) -> Option<u128> {
+        let value = self.next.filter(|v| *v <= self.end)?;
+        self.next = value.checked_add(1);
+        Some(value)
     }
 }
 
