@@ -1,6 +1,6 @@
 //! The plugin's engine: [`Manager`] queues Service, pool and Namespace keys
 //! from the subscriber traits and one worker reconciles them through a
-//! [`Controller`]; [`AllocatingController`] applies DESIGN.md §4 on the
+//! [`Controller`]; [`AllocatingController`] applies docs/allocation.md §4 on the
 //! `allocator` crate and writes through a [`Client`].
 //!
 //! Start with [`Manager::new`], register it on a `subscriber` chain, call
@@ -14,7 +14,7 @@ mod store;
 pub use client::{Client, ClientError, Event, EventType, ServiceWrite, POOL_ANNOTATION};
 pub use controller::{
     reason, AllocatingController, Controller, ControllerConfig, ControllerStats, Holding,
-    Reconsider, RestoreOutcome, SyncOutcome, SyncState,
+    Reconsider, RestoreOutcome, SyncOutcome, SyncState, WakeOn,
 };
 pub use manager::{Manager, ManagerConfig};
 pub use store::{DashMapStore, Store};

@@ -1,4 +1,4 @@
-//! The queue and its one worker (DESIGN.md §5).
+//! The queue and its one worker (docs/allocation.md §5).
 //!
 //! Handler calls only record order information and queue a key; the worker
 //! takes keys one at a time, reads the current object from the [`Store`] and
@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Controller, Reconsider, RestoreOutcome, Store, SyncOutcome, SyncState};
+use crate::{Controller, Reconsider, RestoreOutcome, Store, SyncOutcome, SyncState, WakeOn};
 
 /// The hasher of the queue's maps: keys are the cluster's own object names,
 /// so SipHash's resistance to chosen keys buys nothing here.
@@ -117,7 +117,7 @@ struct State {
     /// when the queue is empty.
     waking: BTreeMap<u64, String>,
     /// Woken Services not yet reconsidered: their waiting order and class.
-    woken: HashMap<String, (u64, Option<u64>), FastHash>,
+    woken: HashMap<String, (u64, ClassId), FastHash>,
     /// Failures in a row of a key that asked for a retry.
     attempts: HashMap<QueueKey, u32, FastHash>,
     /// Pending retries by deadline (the sequence number breaks ties).
@@ -129,7 +129,7 @@ struct State {
     events: u64,
 }
 
-/// The second of the two passes (DESIGN.md §4.5), as the first pass found
+/// The second of the two passes (docs/allocation.md §4.5), as the first pass found
 /// it.
 #[derive(Debug, Default)]
 struct SecondPass {
@@ -142,21 +142,42 @@ struct SecondPass {
     events: u64,
 }
 
-/// The Services waiting for an address (DESIGN.md §4.6), in waiting order.
+/// A class of waiting Services (see [`Waiting`]): from the controller's
+/// demand class, or a Service alone (its waiting order makes it unique).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum ClassId {
+    Demand(u64),
+    Alone(u64),
+}
+
+/// The members of one class, by waiting order, and what can end their wait.
+#[derive(Debug)]
+struct Class {
+    members: BTreeMap<u64, String>,
+    /// `None`: any delete or release (see [`SyncOutcome::wake_on`]).
+    wake_on: Option<Vec<WakeOn>>,
+}
+
+/// The Services waiting for an address (docs/allocation.md §4.6), in
+/// waiting order, indexed by what can end their wait (§4.9).
 ///
 /// A class (from [`SyncOutcome::waiting_class`]) groups Services whose
 /// failure depends only on the configuration and their demand: given the
 /// same allocator state they fail alike. So when a wake reconsiders the
 /// first of a class and it fails again, the others would too, and are not
 /// run: a delete costs a reconciliation per class, not per waiting Service.
+/// And a class that waits for something in particular (a free address of
+/// a family in a pool, an address) is woken only by a release that frees
+/// it: an unrelated delete costs nothing per waiting Service.
 #[derive(Debug, Default)]
 struct Waiting {
     /// key → (waiting since, class).
-    entries: HashMap<String, (u64, Option<u64>), FastHash>,
-    /// The members without a class, by waiting order.
-    unclassed: BTreeMap<u64, String>,
-    /// class → its members by waiting order.
-    classes: HashMap<u64, BTreeMap<u64, String>, FastHash>,
+    entries: HashMap<String, (u64, ClassId), FastHash>,
+    classes: HashMap<ClassId, Class, FastHash>,
+    /// Classes woken by every delete or release.
+    on_any: HashSet<ClassId, FastHash>,
+    /// Classes woken by a release that frees this.
+    on_key: HashMap<WakeOn, HashSet<ClassId, FastHash>, FastHash>,
 }
 
 impl Waiting {
@@ -168,29 +189,60 @@ impl Waiting {
         self.entries.get(key).map(|(since, _)| *since)
     }
 
-    /// Adds `key` or updates its class.
-    fn insert(&mut self, key: &str, since: u64, class: Option<u64>) {
+    /// Adds `key` or updates its class and what it waits for.
+    fn insert(&mut self, key: &str, since: u64, class: Option<u64>, wake_on: Option<Vec<WakeOn>>) {
         self.remove(key);
-        let members = match class {
-            Some(class) => self.classes.entry(class).or_default(),
-            None => &mut self.unclassed,
+        let id = match class {
+            Some(class) => ClassId::Demand(class),
+            None => ClassId::Alone(since),
         };
-        members.insert(since, key.to_owned());
-        self.entries.insert(key.to_owned(), (since, class));
+        let class = self.classes.entry(id).or_insert_with(|| Class {
+            members: BTreeMap::new(),
+            wake_on: None,
+        });
+        if class.members.is_empty() {
+            class.wake_on = wake_on;
+            match &class.wake_on {
+                None => {
+                    self.on_any.insert(id);
+                }
+                Some(keys) => {
+                    for wake in keys {
+                        self.on_key.entry(wake.clone()).or_default().insert(id);
+                    }
+                }
+            }
+        }
+        class.members.insert(since, key.to_owned());
+        self.entries.insert(key.to_owned(), (since, id));
     }
 
     fn remove(&mut self, key: &str) {
-        let Some((since, class)) = self.entries.remove(key) else {
+        let Some((since, id)) = self.entries.remove(key) else {
             return;
         };
-        let Some(class) = class else {
-            self.unclassed.remove(&since);
+        let Some(class) = self.classes.get_mut(&id) else {
             return;
         };
-        if let Some(members) = self.classes.get_mut(&class) {
-            members.remove(&since);
-            if members.is_empty() {
-                self.classes.remove(&class);
+        class.members.remove(&since);
+        if !class.members.is_empty() {
+            return;
+        }
+        if let Some(class) = self.classes.remove(&id) {
+            match class.wake_on {
+                None => {
+                    self.on_any.remove(&id);
+                }
+                Some(keys) => {
+                    for wake in keys {
+                        if let Some(ids) = self.on_key.get_mut(&wake) {
+                            ids.remove(&id);
+                            if ids.is_empty() {
+                                self.on_key.remove(&wake);
+                            }
+                        }
+                    }
+                }
             }
         }
     }
@@ -206,27 +258,31 @@ impl Waiting {
         keys.into_iter().map(|(_, key)| key.clone()).collect()
     }
 
-    /// What a wake reconsiders first: every key without a class and the
-    /// first of each class, with their waiting order and class. Costs the
-    /// number of unclassed keys and classes, not of waiting Services.
-    fn heads(&self) -> Vec<(u64, String, Option<u64>)> {
-        let unclassed = self
-            .unclassed
-            .iter()
-            .map(|(since, key)| (*since, key.clone(), None));
-        let heads = self.classes.iter().filter_map(|(class, members)| {
-            members
-                .first_key_value()
-                .map(|(since, key)| (*since, key.clone(), Some(*class)))
-        });
-        let mut all: Vec<_> = unclassed.chain(heads).collect();
+    /// What a release that frees `freed` wakes first: the first of each
+    /// class woken by any release or by one of `freed`, with its waiting
+    /// order and class, longest-waiting first. Costs the number of those
+    /// classes, not of waiting Services.
+    fn heads(&self, freed: &[WakeOn]) -> Vec<(u64, String, ClassId)> {
+        let mut ids: HashSet<ClassId, FastHash> = self.on_any.clone();
+        for wake in freed {
+            if let Some(woken) = self.on_key.get(wake) {
+                ids.extend(woken.iter().copied());
+            }
+        }
+        let mut all: Vec<(u64, String, ClassId)> = ids
+            .into_iter()
+            .filter_map(|id| {
+                let (since, key) = self.classes.get(&id)?.members.first_key_value()?;
+                Some((*since, key.clone(), id))
+            })
+            .collect();
         all.sort_unstable();
         all
     }
 
     /// The member of `class` that has waited longest after `since`.
-    fn next_in_class(&self, class: u64, since: u64) -> Option<(u64, String)> {
-        let members = self.classes.get(&class)?;
+    fn next_in_class(&self, class: ClassId, since: u64) -> Option<(u64, String)> {
+        let members = &self.classes.get(&class)?.members;
         members
             .range(since.saturating_add(1)..)
             .next()
@@ -265,11 +321,12 @@ impl State {
         }
     }
 
-    /// Wakes the waiting Services (DESIGN.md §4.6), longest-waiting first:
-    /// every one without a class, and the first of each class (the others
-    /// of a class follow only while those before them get addresses).
-    fn wake(&mut self, except: Option<&str>) {
-        for (since, key, class) in self.waiting.heads() {
+    /// Wakes the waiting Services (docs/allocation.md §4.6) that a release
+    /// freeing `freed` may serve, longest-waiting first: the first of each
+    /// such class (the others of a class follow only while those before
+    /// them get addresses).
+    fn wake(&mut self, freed: &[WakeOn], except: Option<&str>) {
+        for (since, key, class) in self.waiting.heads(freed) {
             let busy = except == Some(key.as_str())
                 || self.woken.contains_key(&key)
                 || self.in_flight.as_ref().is_some_and(|k| k.name() == key)
@@ -363,13 +420,13 @@ impl State {
         // the next of its class may get one too.
         let woken = service.and_then(|name| self.woken.remove(name));
         let still_waiting = matches!(outcome.state, SyncState::Waiting) && !deleted;
-        if let (Some((since, Some(class))), false) = (woken, still_waiting) {
+        if let (Some((since, class)), false) = (woken, still_waiting) {
             if let Some((next_since, next)) = self.waiting.next_in_class(class, since) {
                 if !self.woken.contains_key(&next)
                     && !self.queued.contains(&QueueKey::Service(next.clone()))
                 {
                     self.waking.insert(next_since, next.clone());
-                    self.woken.insert(next, (next_since, Some(class)));
+                    self.woken.insert(next, (next_since, class));
                 }
             }
         }
@@ -384,7 +441,7 @@ impl State {
         match outcome.state {
             SyncState::Retry(reason) => {
                 if let (Some(name), true, false) = (service, outcome.waiting_too, deleted) {
-                    self.wait(name, outcome.waiting_class);
+                    self.wait(name, outcome.waiting_class, outcome.wake_on.clone());
                 }
                 let attempts = self.attempts.entry(key.clone()).or_insert(0);
                 let delay = config.backoff(*attempts);
@@ -398,7 +455,7 @@ impl State {
             SyncState::Waiting if !deleted => {
                 self.attempts.remove(&key);
                 if let Some(name) = service {
-                    self.wait(name, outcome.waiting_class);
+                    self.wait(name, outcome.waiting_class, outcome.wake_on.clone());
                 }
             }
             SyncState::Success | SyncState::Invalid | SyncState::Waiting => {
@@ -416,7 +473,7 @@ impl State {
         }
         let mut others = Vec::new();
         if outcome.wake_waiting {
-            self.wake(service);
+            self.wake(&outcome.freed, service);
         }
         match outcome.reconsider {
             Reconsider::None => {}
@@ -447,14 +504,14 @@ impl State {
             .collect()
     }
 
-    /// The Service `name` waits for an address, in `class`; failing again
-    /// keeps its place (§4.6).
-    fn wait(&mut self, name: &str, class: Option<u64>) {
+    /// The Service `name` waits for an address, in `class`, for `wake_on`;
+    /// failing again keeps its place (§4.6).
+    fn wait(&mut self, name: &str, class: Option<u64>, wake_on: Option<Vec<WakeOn>>) {
         let since = match self.waiting.since(name) {
             Some(since) => since,
             None => self.seq(),
         };
-        self.waiting.insert(name, since, class);
+        self.waiting.insert(name, since, class, wake_on);
     }
 
     /// Queues the second of the two passes: Pool and Namespace keys already
@@ -571,7 +628,7 @@ impl<C> Manager<C> {
 
     /// The host's initial list is complete: the worker, when it runs, applies
     /// the queued pools and Namespaces, restores every Service's held
-    /// addresses, and from then on decides (DESIGN.md §4.5).
+    /// addresses, and from then on decides (docs/allocation.md §4.5).
     pub fn mark_synced(&self) {
         self.with_state(|state| state.sync_requested = true);
         self.inner.work.notify_one();
@@ -675,7 +732,7 @@ impl<C: Controller> Manager<C> {
         tracing::debug!("worker stopped");
     }
 
-    /// The sync passes of DESIGN.md §4.5; false when cancelled midway.
+    /// The sync passes of docs/allocation.md §4.5; false when cancelled midway.
     async fn sync(&self, cancel: &CancellationToken) -> bool {
         tracing::info!("synced: applying pools and Namespaces, restoring Services");
         while let Some(key) = self.with_state(State::pop_non_service) {
@@ -694,7 +751,7 @@ impl<C: Controller> Manager<C> {
         true
     }
 
-    /// The first of the two passes of DESIGN.md §4.5 (at sync and after a
+    /// The first of the two passes of docs/allocation.md §4.5 (at sync and after a
     /// pool or Namespace change): every known Service, in first-seen order,
     /// keeps its status addresses if still allowed or releases them. Returns
     /// the second pass: those that had to release first, then those without
@@ -728,6 +785,9 @@ impl<C: Controller> Manager<C> {
             tracing::debug!(key, ?restored, "restored");
             match restored {
                 RestoreOutcome::Kept => kept.push((key, false)),
+                // Waits for its other family: among the others, at its
+                // first-seen place (§4.5).
+                RestoreOutcome::KeptIncomplete => nothing.push(key),
                 RestoreOutcome::Settled => kept.push((key, true)),
                 RestoreOutcome::MustRelease => release.push(key),
                 RestoreOutcome::Nothing => nothing.push(key),

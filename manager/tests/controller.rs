@@ -70,7 +70,7 @@ impl RecordingClient {
 impl Client for RecordingClient {
     async fn write_service(&self, key: &str, write: &ServiceWrite) -> Result<(), ClientError> {
         let attempt = self.attempts.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.fail_every.is_some_and(|n| attempt % n == 0) {
+        if self.fail_every.is_some_and(|n| attempt.is_multiple_of(n)) {
             self.record(Record::FailedWrite { key: key.into() });
             return Err(ClientError::Conflict {
                 key: key.into(),
@@ -916,7 +916,9 @@ mod s4_2_requests {
         let h = two_pools().await;
         h.add(svc("ns/v4-asks-v6").request("fd00::1")).await;
         h.add(svc("ns/v6-asks-v4").v6().lb_ip("10.0.0.1")).await;
-        // A dual-stack Service that requests must request one of each.
+        // A RequireDualStack Service that requests must request one of
+        // each; a PreferDualStack one may ask for one address of either
+        // family and then holds just that one (§4.2).
         h.add(
             svc("ns/dual-asks-one")
                 .dual("RequireDualStack", false)
@@ -926,7 +928,7 @@ mod s4_2_requests {
         h.add(
             svc("ns/prefer-asks-one")
                 .dual("PreferDualStack", false)
-                .request("10.0.0.2"),
+                .request("fd00::4"),
         )
         .await;
         let records = h.take();
@@ -936,16 +938,18 @@ mod s4_2_requests {
                 "ns/v4-asks-v6 Warning AllocationFailed",
                 "ns/v6-asks-v4 Warning AllocationFailed",
                 "ns/dual-asks-one Warning AllocationFailed",
-                "ns/prefer-asks-one Warning AllocationFailed"
+                "ns/prefer-asks-one Normal IPAllocated"
             ]
         );
-        for message in messages(&records) {
+        for message in messages(&records).iter().take(3) {
             assert!(
                 message.contains("do not match the service's IP families"),
                 "{message}"
             );
         }
-        assert!(writes(&records).is_empty());
+        assert_eq!(writes(&records), ["ns/prefer-asks-one <- fd00::4 @a"]);
+        // Complete: it does not wait for the other family.
+        assert!(!h.waiting().contains(&"ns/prefer-asks-one".to_owned()));
         // One of each, but from two pools.
         h.add(
             svc("ns/split")
@@ -1728,9 +1732,9 @@ mod s4_5_sync {
         assert_eq!(h.status("ns/x"), "10.0.0.3 @a");
     }
 
-    // §4.5: a PreferDualStack Service that kept one family completes it only
-    // after the Services left without addresses got theirs (those that had
-    // to release first), so the last free IPv6 goes to `r`, not `p`.
+    // §4.5: a PreferDualStack Service that kept one family completes it
+    // among the Services left without addresses, after those that had to
+    // release theirs, so the last free IPv6 goes to `r`, not `p`.
     #[tokio::test]
     async fn at_sync_prefer_dual_stack_completion_waits_for_services_without_addresses() {
         let h = Harness::new();
@@ -1746,6 +1750,27 @@ mod s4_5_sync {
         assert_eq!(h.status("ns/r"), "fd00::1 @a");
         assert_eq!(h.status("ns/p"), "10.0.0.1 @a");
         assert_eq!(h.waiting(), ["ns/p"]);
+    }
+
+    // §4.5: ...and at its first-seen place among the others: `p`, seen
+    // before `n`, gets the last free IPv6 first.
+    #[tokio::test]
+    async fn at_sync_prefer_dual_stack_completion_takes_its_first_seen_place() {
+        let h = Harness::new();
+        h.pool("a", addrs(&["10.0.0.1-10.0.0.3", "fd00::1"])).await;
+        h.add(
+            svc("ns/p")
+                .dual("PreferDualStack", false)
+                .held(&["10.0.0.1"], "a"),
+        )
+        .await;
+        h.add(svc("ns/n").v6()).await;
+        h.add(svc("ns/m")).await;
+        h.sync().await;
+        assert_eq!(h.status("ns/p"), "10.0.0.1 fd00::1 @a");
+        assert_eq!(h.status("ns/n"), "none");
+        assert_eq!(h.status("ns/m"), "10.0.0.2 @a");
+        assert_eq!(h.waiting(), ["ns/n"]);
     }
 
     #[tokio::test]
@@ -1845,8 +1870,11 @@ mod s4_6_changes {
         assert_eq!(h.status("ns/x"), "10.0.0.1 @a");
     }
 
+    // §4.6 and §4.9: every delete wakes the waiting that what it freed
+    // could serve; a delete that frees nothing could serve none of them
+    // (they would fail again alike), so it reconciles only its own key.
     #[tokio::test]
-    async fn every_delete_wakes_the_waiting_and_other_changes_do_not() {
+    async fn a_delete_wakes_the_waiting_its_address_can_serve_and_other_changes_do_not() {
         let h = one_address_held().await;
         h.add(svc("ns/w")).await;
         h.add(svc("ns/cip").kind("ClusterIP")).await;
@@ -1855,16 +1883,21 @@ mod s4_6_changes {
         h.edit("ns/holder", |s| s.label("x", "y")).await;
         h.edit("ns/cip", |s| s.label("x", "y")).await;
         assert_eq!(h.reconciliations() - before, 2);
-        // A delete of a Service that held nothing wakes `w` too.
         let before = h.reconciliations();
         h.delete("ns/cip").await;
-        assert_eq!(h.reconciliations() - before, 2);
+        assert_eq!(h.reconciliations() - before, 1);
         h.add(svc("ns/w2")).await;
         assert_eq!(h.waiting(), ["ns/w", "ns/w2"]);
         let before = h.reconciliations();
         h.delete("ns/w2").await;
-        assert_eq!(h.reconciliations() - before, 2);
+        assert_eq!(h.reconciliations() - before, 1);
         assert_eq!(h.waiting(), ["ns/w"]);
+        // The holder's delete frees the address: `w` is woken and gets it.
+        let before = h.reconciliations();
+        h.delete("ns/holder").await;
+        assert_eq!(h.reconciliations() - before, 2);
+        assert_eq!(h.status("ns/w"), "10.0.0.1 @a");
+        assert!(h.waiting().is_empty());
     }
 
     #[tokio::test]

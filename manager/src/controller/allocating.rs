@@ -1,4 +1,4 @@
-//! [`AllocatingController`]: DESIGN.md §4 on the `allocator` crate.
+//! [`AllocatingController`]: docs/allocation.md §4 on the `allocator` crate.
 //!
 //! Each reconciliation is decided from scratch under a short lock (no I/O):
 //! the Service's status is the truth about what it holds (so a restarted
@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use allocator::{
-    AllocError, Allocator, FamilyPolicy, Holding as AllocatorHolding, Request, Subject,
+    AllocError, Allocator, Family, FamilyPolicy, Holding as AllocatorHolding, Request, Subject,
 };
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -24,14 +24,14 @@ use super::service::{
     is_ours, parse_status, pool_annotation, same_but_written, status_ip_strings, status_shows,
     status_texts, ServiceView, NO_LABELS,
 };
-use super::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState};
+use super::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState, WakeOn};
 use crate::client::{Client, Event, EventType, ServiceWrite};
 use crate::store::Store;
 
 /// See the manager's: the cluster's own names as keys.
 type FastHash = foldhash::fast::RandomState;
 
-/// Event reasons (DESIGN.md §4.7).
+/// Event reasons (docs/allocation.md §4.7).
 pub mod reason {
     pub const IP_ALLOCATED: &str = "IPAllocated";
     pub const ALLOCATION_FAILED: &str = "AllocationFailed";
@@ -98,9 +98,10 @@ struct State {
     /// Services that stopped being ours and whose clearing write has not
     /// gone through yet.
     owed_clears: HashSet<String, FastHash>,
-    /// The pools the last pool change left as they were, until the next
-    /// pool or Namespace change or sync (see `is_settled_unchanged`).
-    unchanged_pools: HashSet<String, FastHash>,
+    /// The pools the last pool change changed (definition or acceptance):
+    /// the others it left as they were. `None` after a Namespace change or
+    /// sync, when any pool may serve otherwise (see `is_settled_unchanged`).
+    changed_pools: Option<HashSet<String, FastHash>>,
 }
 
 impl State {
@@ -116,19 +117,26 @@ impl State {
     /// for `families`, object `service`) would change nothing: it holds
     /// exactly the addresses and pool its object shows, wants no further
     /// family, and no Warning, announced clearing or owed clear is pending.
-    fn shows_holding(&self, key: &str, service: &Service, families: FamilyPolicy) -> bool {
+    fn shows_holding(
+        &self,
+        key: &str,
+        service: &Service,
+        families: FamilyPolicy,
+        requested: &[IpAddr],
+    ) -> bool {
         if !self.nothing_pending(key) {
             return false;
         }
         let Some((pool, ips)) = self.allocator.held(key) else {
             return false;
         };
-        let incomplete = matches!(families, FamilyPolicy::PreferDual { .. }) && ips.len() == 1;
-        !incomplete && pool_annotation(service) == Some(pool) && status_shows(service, ips)
+        !incomplete(families, ips, requested)
+            && pool_annotation(service) == Some(pool)
+            && status_shows(service, ips)
     }
 }
 
-/// The controller that applies DESIGN.md §4 on an [`Allocator`].
+/// The controller that applies docs/allocation.md §4 on an [`Allocator`].
 pub struct AllocatingController {
     store: Arc<dyn Store>,
     client: Arc<dyn Client>,
@@ -261,7 +269,7 @@ impl AllocatingController {
         }
     }
 
-    /// Checks DESIGN.md §6 against the store: the allocator's own invariants,
+    /// Checks docs/allocation.md §6 against the store: the allocator's own invariants,
     /// every held address in a pool that serves its Service, and (meant for
     /// when the manager is idle) every Service's status equal to what the
     /// allocator holds for it.
@@ -319,17 +327,19 @@ impl AllocatingController {
         }
     }
 
-    /// Decides one Service (DESIGN.md §4.1–4.7).
+    /// Decides one Service (docs/allocation.md §4.1–4.7).
     fn plan(&self, state: &mut State, key: &str, service: Option<&Service>) -> Plan {
         // Released and announced by the restore pass, if so.
         let announced_clear = state.cleared.remove(key);
         let Some(service) = service else {
-            state.allocator.release(key);
+            let released = state.allocator.release(key);
             state.last_warning.remove(key);
             state.owed_clears.remove(key);
-            // Every delete wakes the waiting Services (§4.6).
+            // Every delete wakes the waiting Services (§4.6) that what it
+            // freed may serve, and those any release may (§4.9).
             let mut outcome = SyncOutcome::success();
             outcome.wake_waiting = true;
+            outcome.freed = freed(&state.allocator, released.as_ref(), None);
             return Plan::done(outcome);
         };
         if !is_ours(service, self.config.lb_class.as_deref()) {
@@ -349,6 +359,7 @@ impl AllocatingController {
         let mut sync_state = SyncState::Success;
         let mut warning: Option<Event> = None;
         let mut waiting_class: Option<u64> = None;
+        let mut wake_on: Option<Vec<WakeOn>> = None;
 
         let no_addresses: &[IpAddr] = &[];
         let (requested, invalid) = match &view.requested {
@@ -376,8 +387,10 @@ impl AllocatingController {
                     warning = Some(invalid_event(&reason));
                 } else {
                     sync_state = SyncState::Waiting;
-                    // No delete can ever help: one class for all of them.
+                    // No delete can ever help: one class for all of them,
+                    // woken by no release.
                     waiting_class = Some(class_of(&"no cluster IP"));
+                    wake_on = Some(Vec::new());
                     warning = Some(failed_event(key, "the service has no cluster IP"));
                 }
             }
@@ -414,29 +427,34 @@ impl AllocatingController {
                     sync_state = SyncState::Invalid;
                     warning = Some(invalid_event(&reason));
                 } else if kept {
-                    if matches!(families, FamilyPolicy::PreferDual { .. })
-                        && status.as_ref().is_ok_and(|ips| ips.len() == 1)
-                    {
+                    let held = status.as_deref().unwrap_or_default();
+                    if incomplete(families, held, requested) {
                         match state.allocator.complete_dual_stack(&request) {
                             Some(holding) => events.push(allocated_event(&holding)),
-                            None => sync_state = SyncState::Waiting,
+                            None => {
+                                sync_state = SyncState::Waiting;
+                                (waiting_class, wake_on) =
+                                    half_served_wait(&state.allocator, &request, key);
+                            }
                         }
                     }
                 } else {
                     match state.allocator.allocate(&request) {
                         Ok(holding) => {
-                            // One family of a PreferDualStack Service: it
-                            // waits for the other (§4.3).
-                            if matches!(families, FamilyPolicy::PreferDual { .. })
-                                && holding.ips.len() == 1
-                            {
+                            // One family of a PreferDualStack Service that
+                            // did not ask for it alone: it waits for the
+                            // other (§4.3).
+                            if incomplete(families, &holding.ips, requested) {
                                 sync_state = SyncState::Waiting;
+                                (waiting_class, wake_on) =
+                                    half_served_wait(&state.allocator, &request, key);
                             }
                             events.push(allocated_event(&holding));
                         }
                         Err(error) => {
                             sync_state = SyncState::Waiting;
                             waiting_class = demand_class(&error, &request);
+                            wake_on = wake_on_failure(&error, &request);
                             warning = Some(failed_event(key, &error.to_string()));
                         }
                     }
@@ -489,6 +507,7 @@ impl AllocatingController {
         let mut outcome = SyncOutcome::new(sync_state);
         if outcome.state == SyncState::Waiting {
             outcome.waiting_class = waiting_class;
+            outcome.wake_on = wake_on;
         }
         // Addresses given up free room for the waiting (§4.6).
         let released_any = before.as_ref().is_some_and(|b| {
@@ -497,6 +516,7 @@ impl AllocatingController {
                 .any(|ip| !after.as_ref().is_some_and(|a| a.ips.contains(ip)))
         });
         outcome.wake_waiting = released_any;
+        outcome.freed = freed(&state.allocator, before.as_ref(), after.as_ref());
         // A change of sharing key or ports: the others on its addresses are
         // reconsidered (§4.6).
         let sharing_after = state
@@ -544,6 +564,7 @@ impl AllocatingController {
             .then(ServiceWrite::default);
         let mut outcome = SyncOutcome::success();
         outcome.wake_waiting = released.is_some();
+        outcome.freed = freed(&state.allocator, released.as_ref(), None);
         Plan {
             write,
             events: Vec::new(),
@@ -584,13 +605,20 @@ impl AllocatingController {
             }
         };
         match kept {
-            Ok(_) => {
-                let settled = !self.config.exhaustive
-                    && view.requested.is_ok()
+            Ok(holding) => {
+                let requested = view.requested.as_deref().unwrap_or_default();
+                let waits_for_family = view.requested.is_ok()
                     && view
                         .families
-                        .is_some_and(|families| state.shows_holding(key, service, families));
-                let outcome = if settled {
+                        .is_some_and(|families| incomplete(families, &holding.ips, requested));
+                let settled = !self.config.exhaustive
+                    && view.requested.is_ok()
+                    && view.families.is_some_and(|families| {
+                        state.shows_holding(key, service, families, requested)
+                    });
+                let outcome = if waits_for_family {
+                    RestoreOutcome::KeptIncomplete
+                } else if settled {
                     RestoreOutcome::Settled
                 } else {
                     RestoreOutcome::Kept
@@ -642,6 +670,37 @@ impl AllocatingController {
     }
 }
 
+/// A PreferDualStack Service holding one address it did not ask for
+/// alone: it waits for the other family (§4.3).
+fn incomplete(families: FamilyPolicy, held: &[IpAddr], requested: &[IpAddr]) -> bool {
+    matches!(families, FamilyPolicy::PreferDual { .. }) && held.len() == 1 && requested.is_empty()
+}
+
+/// What releasing `before` (keeping `after`) freed: each address no
+/// Service holds any more, and its pool and family, for the waiting
+/// Services that wait for them (§4.9).
+fn freed(
+    allocator: &Allocator,
+    before: Option<&AllocatorHolding>,
+    after: Option<&AllocatorHolding>,
+) -> Vec<WakeOn> {
+    let Some(before) = before else {
+        return Vec::new();
+    };
+    let mut freed = Vec::new();
+    for ip in &before.ips {
+        let kept = after.is_some_and(|a| a.ips.contains(ip));
+        if kept || !allocator.holders(*ip).is_empty() {
+            continue;
+        }
+        freed.push(WakeOn::Address(*ip));
+        freed.push(WakeOn::Pool(before.pool.clone(), Family::of(*ip)));
+    }
+    freed.sort();
+    freed.dedup();
+    freed
+}
+
 fn others_on(allocator: &Allocator, key: &str, holding: &AllocatorHolding) -> Vec<String> {
     let mut others: Vec<String> = holding
         .ips
@@ -685,18 +744,87 @@ fn demand_class(error: &AllocError, request: &Request<'_>) -> Option<u64> {
     if !config_only || !request.addresses.is_empty() {
         return None;
     }
-    let mut ports = request.ports.to_vec();
+    // Ports and backend matter only to a Service that may share.
+    let sharing = !request.sharing_key.is_empty();
+    let mut ports = if sharing {
+        request.ports.to_vec()
+    } else {
+        Vec::new()
+    };
     ports.sort();
+    let backend_key = if sharing { request.backend_key } else { "" };
     // The message names the pools tried: the candidates the Service's
     // namespace and labels select.
     Some(class_of(&(
         error.to_string(),
         format!("{:?}", request.families),
         request.sharing_key,
-        request.backend_key,
+        backend_key,
         ports,
         request.pool,
     )))
+}
+
+/// What can end the wait of a Service whose allocation failed with
+/// `error` (see [`SyncOutcome::wake_on`]). A Service that may share can be
+/// served by a change of another holder's ports or key too, so any release
+/// wakes it; one that may not needs a free address: of its families in a
+/// pool it tried, or the address it asked for. A failure of the
+/// configuration alone waits for a pool or Namespace change.
+fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<WakeOn>> {
+    if !request.sharing_key.is_empty() {
+        return None;
+    }
+    let families: &[Family] = match request.families {
+        FamilyPolicy::Single(family) => match family {
+            Family::V4 => &[Family::V4],
+            Family::V6 => &[Family::V6],
+        },
+        FamilyPolicy::RequireDual | FamilyPolicy::PreferDual { .. } => &[Family::V4, Family::V6],
+    };
+    match error {
+        AllocError::NoAvailable { pools, .. } => Some(
+            pools
+                .iter()
+                .flat_map(|pool| families.iter().map(|f| WakeOn::Pool(pool.clone(), *f)))
+                .collect(),
+        ),
+        AllocError::Taken { ip, .. } => Some(vec![WakeOn::Address(*ip)]),
+        _ => Some(Vec::new()),
+    }
+}
+
+/// The class and wake of a PreferDualStack Service that holds one family
+/// and waits for the other: it can only get it from its own pool, so a
+/// free address of that family there (or, if it may share, any release)
+/// can end its wait, and all such Services in one pool fail alike.
+fn half_served_wait(
+    allocator: &Allocator,
+    request: &Request<'_>,
+    key: &str,
+) -> (Option<u64>, Option<Vec<WakeOn>>) {
+    let Some((pool, [ip])) = allocator.held(key) else {
+        return (None, None);
+    };
+    let missing = Family::of(*ip).other();
+    if !request.sharing_key.is_empty() {
+        let mut ports = request.ports.to_vec();
+        ports.sort();
+        let class = class_of(&(
+            "half-served",
+            pool,
+            format!("{missing}"),
+            request.sharing_key,
+            request.backend_key,
+            ports,
+        ));
+        return (Some(class), None);
+    }
+    let class = class_of(&("half-served", pool, format!("{missing}")));
+    (
+        Some(class),
+        Some(vec![WakeOn::Pool(pool.to_owned(), missing)]),
+    )
 }
 
 fn allocated_event(holding: &AllocatorHolding) -> Event {
@@ -747,9 +875,8 @@ impl Controller for AllocatingController {
     }
 
     async fn set_pool(&self, name: &str, pool: Option<&IPAddressPool>) -> SyncOutcome {
-        let (change, before, after) = {
+        let change = {
             let mut state = self.lock();
-            let before = state.allocator.rejected_pools();
             let change = match pool {
                 Some(pool) => {
                     let created = pool
@@ -761,15 +888,12 @@ impl Controller for AllocatingController {
                 }
                 None => state.allocator.remove_pool(name),
             };
-            state.unchanged_pools = change.unchanged.iter().cloned().collect();
-            (change, before, state.allocator.rejected_pools())
+            state.changed_pools = Some(change.changed.iter().cloned().collect());
+            change
         };
         // Count every pool this change left rejected anew (or for a new
         // reason), the changed one or another it now overlaps.
-        for rejected in after
-            .iter()
-            .filter(|r| !before.contains(r) || r.name == name)
-        {
+        for rejected in &change.rejected {
             self.pool_rejections.fetch_add(1, Ordering::Relaxed);
             warn!(pool = %rejected.name, reason = %rejected.reason, "pool rejected");
         }
@@ -788,7 +912,7 @@ impl Controller for AllocatingController {
         let changed = {
             let mut state = self.lock();
             // Labels may change what every pool serves.
-            state.unchanged_pools.clear();
+            state.changed_pools = None;
             let previous = if labels.is_empty() {
                 state.namespace_labels.remove(name)
             } else {
@@ -824,7 +948,7 @@ impl Controller for AllocatingController {
         let namespace = self.store.namespace(view.namespace);
         let request = view.request(key, families, labels_of(&namespace), requested);
         let state = self.lock();
-        state.shows_holding(key, new, families)
+        state.shows_holding(key, new, families, requested)
             && state
                 .allocator
                 .held(key)
@@ -847,7 +971,7 @@ impl Controller for AllocatingController {
 
     fn mark_synced(&self) {
         let mut state = self.lock();
-        state.unchanged_pools.clear();
+        state.changed_pools = None;
         info!(pools = state.allocator.pool_stats().len(), "synced");
     }
 
@@ -863,10 +987,12 @@ impl Controller for AllocatingController {
         }
         let state = self.lock();
         state.nothing_pending(key)
-            && state
-                .allocator
-                .held(key)
-                .is_some_and(|(pool, _)| state.unchanged_pools.contains(pool))
+            && state.allocator.held(key).is_some_and(|(pool, _)| {
+                state
+                    .changed_pools
+                    .as_ref()
+                    .is_some_and(|changed| !changed.contains(pool))
+            })
     }
 }
 

@@ -1,4 +1,4 @@
-//! The controller: decides a Service's addresses (DESIGN.md §4) on the
+//! The controller: decides a Service's addresses (docs/allocation.md §4) on the
 //! allocator and writes the result through a [`crate::Client`].
 
 use async_trait::async_trait;
@@ -24,9 +24,18 @@ pub struct SyncOutcome {
     /// configuration and their demand), so a wake that sees the first of a
     /// class fail again skips the rest. `None`: always reconsidered.
     pub waiting_class: Option<u64>,
+    /// With [`SyncState::Waiting`]: what can end the wait. `None`: any
+    /// delete or release may (it is woken by every one); `Some(keys)`: only
+    /// a release that frees one of these (none: only a pool or Namespace
+    /// change, which reconsiders every Service anyway).
+    pub wake_on: Option<Vec<WakeOn>>,
+    /// With `wake_waiting`: what this reconciliation freed, so that only
+    /// the waiting Services it can serve are woken (docs/allocation.md
+    /// §4.9), besides those woken by any release.
+    pub freed: Vec<WakeOn>,
     /// With [`SyncState::Retry`]: the Service could get no address, and
     /// only the write of that (clearing its status) failed. It waits from
-    /// now on all the same (DESIGN.md §4.6: waiting starts when a Service
+    /// now on all the same (docs/allocation.md §4.6: waiting starts when a Service
     /// first fails to get an address), besides being retried.
     pub waiting_too: bool,
 }
@@ -43,9 +52,20 @@ impl SyncOutcome {
             wake_waiting: false,
             reconsider: Reconsider::None,
             waiting_class: None,
+            wake_on: None,
+            freed: Vec::new(),
             waiting_too: false,
         }
     }
+}
+
+/// Something a release frees, that a waiting Service may wait for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WakeOn {
+    /// An address of this family in this pool.
+    Pool(String, allocator::Family),
+    /// This address.
+    Address(std::net::IpAddr),
 }
 
 /// How a reconciliation ended.
@@ -55,7 +75,7 @@ pub enum SyncState {
     Success,
     /// A write failed: process the key again after a backoff.
     Retry(String),
-    /// No address could be given: the key waits (DESIGN.md §4.6) until a
+    /// No address could be given: the key waits (docs/allocation.md §4.6) until a
     /// delete or release wakes it. Not retried by itself.
     Waiting,
     /// The request is invalid (`LoadBalancerFailed`): not retried, not waiting.
@@ -68,14 +88,14 @@ pub enum Reconsider {
     None,
     /// These keys (e.g. the others on a shared address).
     Keys(Vec<String>),
-    /// Every Service, in two passes as at sync (DESIGN.md §4.5, §4.6): first
+    /// Every Service, in two passes as at sync (docs/allocation.md §4.5, §4.6): first
     /// every Service keeps what is still allowed ([`Controller::restore`]),
     /// then the others are reconsidered, those that had to release first.
     /// After a pool or Namespace change.
     All,
 }
 
-/// What the restore pass at sync (DESIGN.md §4.5, first pass) did with a
+/// What the restore pass at sync (docs/allocation.md §4.5, first pass) did with a
 /// Service's status addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RestoreOutcome {
@@ -83,6 +103,10 @@ pub enum RestoreOutcome {
     Nothing,
     /// The status addresses are still allowed and now held.
     Kept,
+    /// Kept one address of a PreferDualStack Service that did not ask
+    /// for it alone: it waits for the other family, and is among the
+    /// Services without addresses in the second pass (§4.5).
+    KeptIncomplete,
     /// Kept, and nothing else is to do: the Service holds exactly what its
     /// object shows (addresses and pool), wants no further family, and no
     /// Warning or clearing is pending for it, so reconciling it now would
@@ -102,7 +126,7 @@ pub trait Controller: Send + Sync + 'static {
     async fn set_pool(&self, name: &str, pool: Option<&IPAddressPool>) -> SyncOutcome;
     /// Applies a Namespace change; `None` when it is deleted.
     async fn set_namespace(&self, name: &str, namespace: Option<&Namespace>) -> SyncOutcome;
-    /// The first pass of DESIGN.md §4.5 (at sync, and after a pool or
+    /// The first pass of docs/allocation.md §4.5 (at sync, and after a pool or
     /// Namespace change): keep the Service's status addresses if still
     /// allowed, release them (with `ClearAssignment`) if not; hand out
     /// nothing, write no status.

@@ -61,12 +61,15 @@ pub(crate) fn is_ours(service: &Service, lb_class: Option<&str>) -> bool {
     let Some(spec) = service.spec.as_ref() else {
         return false;
     };
+    // An empty class, on the Service or the host, is no class
+    // (docs/allocation.md §4.1).
+    let host_class = lb_class.filter(|c| !c.is_empty());
     spec.type_.as_deref() == Some("LoadBalancer")
         && spec
             .load_balancer_class
             .as_deref()
             .filter(|c| !c.is_empty())
-            == lb_class
+            == host_class
 }
 
 /// What a Service asks for and is, in plain values for the allocator,
