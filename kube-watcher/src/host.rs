@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::Api;
 use kube::runtime::events::Reporter;
-use kube::runtime::{reflector, watcher};
+use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::ResourceExt;
 use manager::{AllocatingController, Client, ControllerConfig, Manager, ManagerConfig, Store};
 use subscriber::{
@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::KubeClient;
 use crate::crd::{to_subscriber, IPAddressPoolResource};
+use crate::lean;
 use crate::lease::{KubeLease, LeaderElector, LeaderGate, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::pool_status::{PoolStatusWriter, POOL_STATUS_PERIOD};
@@ -264,7 +265,7 @@ impl Host {
         let wc = config.watcher.clone();
         tasks.push(spawn_watch(
             Driver::new("Service", service_writer).notifying(store.service_changes()),
-            watcher(Api::<Service>::all(client.clone()), wc.clone()),
+            watcher(Api::<Service>::all(client.clone()), wc.clone()).modify(lean::service),
             ServiceSink(Arc::new(service_chain)),
             synced.clone(),
             config.watch_backoff.clone(),
@@ -275,7 +276,8 @@ impl Host {
             watcher(
                 Api::<IPAddressPoolResource>::all(client.clone()),
                 wc.clone(),
-            ),
+            )
+            .modify(lean::pool),
             PoolSink(Arc::new(pool_chain)),
             synced.clone(),
             config.watch_backoff.clone(),
@@ -283,7 +285,7 @@ impl Host {
         ));
         tasks.push(spawn_watch(
             Driver::new("Namespace", namespace_writer),
-            watcher(Api::<Namespace>::all(client.clone()), wc),
+            watcher(Api::<Namespace>::all(client.clone()), wc).modify(lean::namespace),
             NamespaceSink(Arc::new(namespace_chain)),
             synced.clone(),
             config.watch_backoff.clone(),

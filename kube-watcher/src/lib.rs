@@ -9,6 +9,7 @@
 //! - [`client`]: `manager::Client` over the API: the pool annotation and the
 //!   status subresource by merge patches that touch only our fields, 409
 //!   retried, Events through kube-runtime's recorder.
+//! - [`lean`]: what the cache keeps of each object (what the rules read).
 //! - [`lease`]: leader election on a `coordination.k8s.io/v1` Lease, with a
 //!   write gate that shuts the moment leadership may be lost.
 //! - [`host`]: the wiring: one Manager and controller per leadership term,
@@ -27,6 +28,7 @@
 pub mod client;
 pub mod crd;
 pub mod host;
+pub mod lean;
 pub mod lease;
 pub mod logging;
 pub mod metrics;

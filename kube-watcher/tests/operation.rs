@@ -7,8 +7,10 @@ use kube_watcher::logging::{self, LogFormat};
 use kube_watcher::Host;
 use tracing_subscriber::EnvFilter;
 
-use crate::support::apiserver_stub::ApiServerStub;
-use crate::support::{config, eventually, namespace, pool, service, LogBuffer};
+use manager::Store as _;
+
+use crate::support::apiserver_stub::{ApiServerStub, Kind};
+use crate::support::{config, eventually, ingress, namespace, pool, service, LogBuffer};
 
 /// Captures this thread's logs at the binary's default level, as text
 /// without colour. With a current-thread runtime every task of the host
@@ -110,6 +112,13 @@ fn service_lists(stub: &ApiServerStub) -> usize {
         .count()
 }
 
+fn service_watches(stub: &ApiServerStub) -> usize {
+    stub.requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == "/api/v1/services" && r.query.contains("watch"))
+        .count()
+}
+
 /// On the paused clock: the test sleeps 30 s of virtual time while the
 /// host works, and counts the requests.
 #[tokio::test(start_paused = true)]
@@ -147,17 +156,12 @@ async fn a_routine_410_is_not_a_warning() {
     stub.create(pool("default", &["192.168.10.0/24"]));
     let host = Host::start(stub.client("a"), config("a"));
     eventually("synced", || host.synced().is_synced()).await;
+    // The watch must be open for the 410 to end it.
+    eventually("watching", || service_watches(&stub) > 0).await;
     let lists = service_lists(&stub);
     stub.expire_watches();
     eventually("Services listed again", || service_lists(&stub) > lists).await;
-    eventually("watching again", || {
-        stub.requests()
-            .iter()
-            .rev()
-            .take(10)
-            .any(|r| r.path == "/api/v1/services" && r.query.contains("watch"))
-    })
-    .await;
+    eventually("watching again", || service_watches(&stub) > 1).await;
     assert!(logs.lines_with("WARN").is_empty(), "{}", logs.text());
     host.shutdown().await;
 }
@@ -258,4 +262,44 @@ fn json_log_lines_parse() {
     assert_eq!(leading["level"], "INFO");
     assert_eq!(leading["message"], "leading");
     assert_eq!(leading["identity"], "bin");
+}
+
+#[tokio::test]
+async fn the_cache_keeps_only_what_the_rules_read() {
+    let stub = ApiServerStub::start().await;
+    stub.create(namespace("ns"));
+    stub.create(pool("default", &["192.168.10.0/24"]));
+    let mut web = service("ns", "web", "10.96.0.1");
+    web["metadata"]["managedFields"] = serde_json::json!([{"manager": "kubectl",
+        "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}]);
+    web["metadata"]["annotations"] = serde_json::json!({
+        "kubectl.kubernetes.io/last-applied-configuration": "{}",
+        "metallb.io/address-pool": "default"});
+    stub.create(web);
+    let host = Host::start(stub.client("a"), config("a"));
+    eventually("web's address and pool are cached", || {
+        host.store().service("ns/web").is_some_and(|s| {
+            s.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("metallb.io/ip-allocated-from-pool"))
+        })
+    })
+    .await;
+    let stored = stub.get(Kind::Service, "ns", "web").unwrap();
+    assert!(!ingress(&stored).is_empty());
+    assert!(stored["metadata"]["managedFields"].is_array());
+    let cached = host.store().service("ns/web").unwrap();
+    assert!(cached.metadata.managed_fields.is_none());
+    let annotations = cached.metadata.annotations.clone().unwrap();
+    assert_eq!(
+        annotations.keys().collect::<Vec<_>>(),
+        [
+            "metallb.io/address-pool",
+            "metallb.io/ip-allocated-from-pool"
+        ]
+    );
+    let port = &cached.spec.as_ref().unwrap().ports.as_ref().unwrap()[0];
+    assert_eq!((port.port, port.name.as_deref()), (80, None));
+    host.shutdown().await;
 }
