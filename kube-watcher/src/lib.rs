@@ -21,7 +21,7 @@
 //! - [`retry`]: watch retries that back off, and log a failure once.
 //! - [`record`]: `kube-watcher record`, a cluster as a REPLAY.md stream.
 //! - [`crd`]: the `IPAddressPool` CustomResource, from the allocator's spec
-//!   types, and `deploy/crd.yaml`.
+//!   types, and `deploy/crd/crd.yaml`.
 //!
 //! Start with [`Host::start`]; `src/main.rs` is the command line.
 

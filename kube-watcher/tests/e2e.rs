@@ -1,7 +1,7 @@
 //! End to end against the cluster in `KUBECONFIG` (ignored by default):
 //!
 //! ```text
-//! kubectl apply -f deploy/crd.yaml
+//! kubectl apply -f deploy/crd/crd.yaml
 //! KUBECONFIG=~/.kube/config cargo test -p kube-watcher --test integration \
 //!     e2e -- --ignored --nocapture
 //! ```
@@ -25,7 +25,7 @@ const NAMESPACE: &str = "kube-watcher-e2e";
 const CLASS: &str = "kube-watcher.e2e/test";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the cluster in KUBECONFIG with deploy/crd.yaml applied"]
+#[ignore = "needs the cluster in KUBECONFIG with deploy/crd/crd.yaml applied"]
 async fn allocates_on_a_real_cluster() {
     let client = kube::Client::try_default().await.unwrap();
     let namespaces: Api<Namespace> = Api::all(client.clone());

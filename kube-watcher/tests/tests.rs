@@ -20,8 +20,11 @@ mod operation;
 // `kube-watcher record`: a REPLAY.md stream that fake-watcher replays.
 mod record;
 
-// deploy/crd.yaml is what the Rust types generate.
+// deploy/crd/crd.yaml is what the Rust types generate.
 mod crd;
+
+// deploy/: kustomizations, image, Docker build.
+mod deploy;
 
 // deploy/rbac.yaml grants exactly the verbs the host and the recorder use.
 mod rbac;

@@ -14,7 +14,7 @@ tasks:
   replay [FILTER] [--accept]       replay the snapshot corpus, print a pass/fail table
   bench [--host] [--quick] [--json PATH]
                                    run the benchmarks in release
-  crd                              regenerate deploy/crd.yaml from the Rust types
+  crd                              regenerate deploy/crd/crd.yaml from the Rust types
   ci                               what CI runs (.ci/run)
 
 `cargo xtask <TASK> --help` explains one task.";
@@ -49,8 +49,8 @@ options:
 
 const CRD_HELP: &str = "usage: cargo xtask crd
 
-Regenerates deploy/crd.yaml (the IPAddressPool CRD) from the Rust types,
-through `cargo run -p kube-watcher -- crd --output deploy/crd.yaml`.
+Regenerates deploy/crd/crd.yaml (the IPAddressPool CRD) from the Rust types,
+through `cargo run -p kube-watcher -- crd --output deploy/crd/crd.yaml`.
 
 options:
   -h, --help   print this help";
@@ -286,7 +286,7 @@ fn crd() -> Result<bool> {
         "--",
         "crd",
         "--output",
-        "deploy/crd.yaml",
+        "deploy/crd/crd.yaml",
     ]);
     run(command)
 }
