@@ -883,6 +883,21 @@ impl Allocator {
             .unwrap_or_default()
     }
 
+    /// The Services holding addresses in the pool `name`, sorted: costs
+    /// their number, not the pool's size.
+    pub fn holders_in(&self, name: &str) -> Vec<String> {
+        let Some(state) = self.pools.get(name) else {
+            return Vec::new();
+        };
+        let mut keys: BTreeSet<&Arc<str>> = BTreeSet::new();
+        for (family, value) in state.used_values() {
+            if let Some(holders) = self.addresses.get(&from_int(family, value)) {
+                keys.extend(holders.iter());
+            }
+        }
+        keys.into_iter().map(|key| key.to_string()).collect()
+    }
+
     /// The sharing key and ports `key` holds its addresses with, to tell
     /// whether they changed.
     pub fn sharing_of(&self, key: &str) -> Option<(&str, &[Port])> {

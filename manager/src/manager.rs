@@ -487,6 +487,19 @@ impl State {
         }
     }
 
+    /// `touched` and every busy Service, known ones only, in first-seen
+    /// order.
+    fn touched_in_order(&self, touched: Vec<String>) -> Vec<String> {
+        let mut keys: Vec<(u64, String)> = touched
+            .into_iter()
+            .chain(self.busy_services())
+            .filter_map(|key| Some((*self.first_seen.get(&key)?, key)))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys.into_iter().map(|(_, key)| key).collect()
+    }
+
     /// The Services queued, in flight, woken, waiting or due for a retry.
     fn busy_services(&self) -> HashSet<String> {
         let keys = self
@@ -755,29 +768,28 @@ impl<C: Controller> Manager<C> {
     /// pool or Namespace change): every known Service, in first-seen order,
     /// keeps its status addresses if still allowed or releases them. Returns
     /// the second pass: those that had to release first, then those without
-    /// addresses, then those that kept theirs (a PreferDualStack one
-    /// completing its missing family gets nothing before the ones left
-    /// without).
+    /// addresses (with a PreferDualStack one that kept one family and waits
+    /// for the other, at its first-seen place), then those that kept theirs.
     ///
-    /// After a change (`quiet`), a Service with no event since it was last
-    /// reconciled, that neither waits nor retries, may be settled without
-    /// a look ([`Controller::is_settled_unchanged`]).
+    /// After a change (`quiet`), only the Services the change may have
+    /// touched ([`Controller::touched_by_change`]) and those that wait,
+    /// retry or had an event are looked at: the others hold what the
+    /// change left as it was.
     async fn restore_pass(&self, quiet: bool) -> SecondPass {
-        let (known, events, busy) = self.with_state(|state| {
-            let busy = if quiet {
-                state.busy_services()
-            } else {
-                HashSet::new()
+        let touched = if quiet {
+            self.inner.controller.touched_by_change()
+        } else {
+            None
+        };
+        let (known, events) = self.with_state(|state| {
+            let known = match touched {
+                Some(touched) => state.touched_in_order(touched),
+                None => State::in_order(&state.first_seen),
             };
-            (State::in_order(&state.first_seen), state.events, busy)
+            (known, state.events)
         });
-        let controller = &self.inner.controller;
         let (mut kept, mut release, mut nothing) = (Vec::new(), Vec::new(), Vec::new());
         for key in known {
-            if quiet && !busy.contains(&key) && controller.is_settled_unchanged(&key) {
-                kept.push((key, true));
-                continue;
-            }
             let restored = match self.inner.store.service(&key) {
                 Some(service) => self.inner.controller.restore(&key, &service).await,
                 None => RestoreOutcome::Nothing,
@@ -951,7 +963,7 @@ mod tests {
         /// Keys whose updates the fake calls settled.
         settled_updates: Mutex<HashSet<String>>,
         /// Keys the fake calls settled without a look after a change.
-        settled_unchanged: Mutex<HashSet<String>>,
+        touched: Mutex<Option<Vec<String>>>,
         gate: Mutex<Option<(String, Arc<Semaphore>)>>,
         entered: Notify,
     }
@@ -1019,8 +1031,8 @@ mod tests {
             self.settled_updates.lock().unwrap().contains(key)
         }
 
-        fn is_settled_unchanged(&self, key: &str) -> bool {
-            self.settled_unchanged.lock().unwrap().contains(key)
+        fn touched_by_change(&self) -> Option<Vec<String>> {
+            self.touched.lock().unwrap().clone()
         }
     }
 
@@ -1466,11 +1478,8 @@ mod tests {
         for key in ["ns/s1", "ns/s2", "ns/s3"] {
             h.add(key, true).await;
         }
-        h.fake.settled_unchanged.lock().unwrap().extend([
-            "ns/s1".to_owned(),
-            "ns/s2".to_owned(),
-            "ns/s3".to_owned(),
-        ]);
+        // The change touches none of them.
+        *h.fake.touched.lock().unwrap() = Some(Vec::new());
         // Not at sync: every Service is restored.
         let worker = h.start();
         h.manager.mark_synced();

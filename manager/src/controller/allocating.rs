@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use allocator::{
-    AllocError, Allocator, Family, FamilyPolicy, Holding as AllocatorHolding, Request, Subject,
+    AllocError, Allocator, Family, FamilyPolicy, Holding as AllocatorHolding, PoolChange, Request,
+    Subject,
 };
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -98,10 +99,10 @@ struct State {
     /// Services that stopped being ours and whose clearing write has not
     /// gone through yet.
     owed_clears: HashSet<String, FastHash>,
-    /// The pools the last pool change changed (definition or acceptance):
-    /// the others it left as they were. `None` after a Namespace change or
-    /// sync, when any pool may serve otherwise (see `is_settled_unchanged`).
-    changed_pools: Option<HashSet<String, FastHash>>,
+    /// The Services the last pool change may have touched (see
+    /// `touched_by_change`). `None` after a Namespace change or sync, when
+    /// any pool may serve otherwise.
+    touched: Option<Vec<String>>,
 }
 
 impl State {
@@ -701,6 +702,20 @@ fn freed(
     freed
 }
 
+/// The Services a pool change may have touched: those it released, those
+/// holding addresses in the pools it changed, and those with a Warning,
+/// an announced clearing or an owed clear pending.
+fn touched_by(state: &State, change: &PoolChange) -> Vec<String> {
+    let mut touched: Vec<String> = change.released.iter().map(|r| r.key.clone()).collect();
+    for pool in &change.changed {
+        touched.extend(state.allocator.holders_in(pool));
+    }
+    touched.extend(state.last_warning.keys().cloned());
+    touched.extend(state.cleared.keys().cloned());
+    touched.extend(state.owed_clears.iter().cloned());
+    touched
+}
+
 fn others_on(allocator: &Allocator, key: &str, holding: &AllocatorHolding) -> Vec<String> {
     let mut others: Vec<String> = holding
         .ips
@@ -888,7 +903,8 @@ impl Controller for AllocatingController {
                 }
                 None => state.allocator.remove_pool(name),
             };
-            state.changed_pools = Some(change.changed.iter().cloned().collect());
+            let touched = touched_by(&state, &change);
+            state.touched = Some(touched);
             change
         };
         // Count every pool this change left rejected anew (or for a new
@@ -912,7 +928,7 @@ impl Controller for AllocatingController {
         let changed = {
             let mut state = self.lock();
             // Labels may change what every pool serves.
-            state.changed_pools = None;
+            state.touched = None;
             let previous = if labels.is_empty() {
                 state.namespace_labels.remove(name)
             } else {
@@ -971,28 +987,15 @@ impl Controller for AllocatingController {
 
     fn mark_synced(&self) {
         let mut state = self.lock();
-        state.changed_pools = None;
+        state.touched = None;
         info!(pools = state.allocator.pool_stats().len(), "synced");
     }
 
-    /// Settled without a look at the object: it holds addresses in a pool
-    /// the last pool change left as it was, and nothing is pending for it.
-    /// The caller vouches that the object did not change since it was last
-    /// reconciled and that the Service neither waits nor retries; so its
-    /// last reconciliation (or the settled-update check) found it holding
-    /// what it shows, allowed by that same pool, for that same request.
-    fn is_settled_unchanged(&self, key: &str) -> bool {
+    fn touched_by_change(&self) -> Option<Vec<String>> {
         if self.config.exhaustive {
-            return false;
+            return None;
         }
-        let state = self.lock();
-        state.nothing_pending(key)
-            && state.allocator.held(key).is_some_and(|(pool, _)| {
-                state
-                    .changed_pools
-                    .as_ref()
-                    .is_some_and(|changed| !changed.contains(pool))
-            })
+        self.lock().touched.clone()
     }
 }
 

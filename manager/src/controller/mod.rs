@@ -141,13 +141,15 @@ pub trait Controller: Send + Sync + 'static {
     }
     /// The host's initial list is complete; called after the restore pass.
     fn mark_synced(&self);
-    /// In the first pass after a pool change, for a Service that had no
-    /// event since it was last reconciled and neither waits nor retries:
-    /// whether it is [`RestoreOutcome::Settled`] without a look at its
-    /// object (the change cannot have touched it). The default (`false`)
+    /// For the first pass after a pool change: the Services the change
+    /// may have touched (those it released, those holding addresses in the
+    /// pools it changed, those with something pending), or `None` for
+    /// every Service. The manager restores these and every Service that
+    /// waits, retries or had an event since it was last reconciled; the
+    /// others hold addresses the change left as they were, and are settled
+    /// without a look (docs/allocation.md §4.9). The default (`None`)
     /// restores every Service.
-    fn is_settled_unchanged(&self, key: &str) -> bool {
-        let _ = key;
-        false
+    fn touched_by_change(&self) -> Option<Vec<String>> {
+        None
     }
 }
