@@ -30,10 +30,22 @@
 //!   reconsidered after every one.
 //! - memory: the allocator's live bytes per held address, from a counting
 //!   global allocator, and the restart's peak RSS.
+//! - `growth`: the growth table. Each input shape of [`GROWTH_SHAPES`]
+//!   (the common ones and those that once made the cost per event grow with
+//!   the cluster) as a generated stream at 10k and 100k (1k and 10k with
+//!   `--quick`), replayed in a child process as `fake-watcher replay
+//!   --output json` does; the figure is the child's process CPU time (every
+//!   thread), and the growth factor its ratio, against a target of 12x for
+//!   10x the input (docs/allocation.md §4.9). A run past the time budget is
+//!   stopped and reported as a lower bound. The `realistic` shape
+//!   (Services as `kubectl get -o json` prints them) also gives the replay's
+//!   live heap bytes per Service once every Service is applied.
 //!
-//! Hidden flags: `--only NAME[,NAME...]` runs only those scenarios and
-//! `--sizes N,N,...` replaces the sizes (for profiling); `--child-restart N
-//! PATH` is the child process of `restart`.
+//! Hidden flags: `--only NAME[,NAME...]` runs only those scenarios (or
+//! `growth_SHAPE`, one row of the growth table) and `--sizes N,N,...`
+//! replaces the sizes (for profiling; the growth table takes the last
+//! two); `--child-restart N PATH` is the child process of `restart`,
+//! `--child-replay PATH` that of the growth table.
 
 use std::collections::BTreeMap;
 use std::io::{BufReader, Write};
@@ -59,7 +71,7 @@ type Error = Box<dyn std::error::Error>;
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 const USAGE: &str = "usage: scaling [--quick] [--json PATH] [--only SCENARIO[,SCENARIO...]]
-scenarios: alloc_v4 alloc_v6 alloc_shared restart replay replay_one_thread decode_only\n  mass_delete memory";
+scenarios: alloc_v4 alloc_v6 alloc_shared restart replay replay_one_thread decode_only\n  mass_delete memory growth growth_SHAPE";
 
 /// The pool of every IPv4 scenario but `mass_delete`: 2^20 addresses.
 const POOL_V4: &str = "172.16.0.0/12";
@@ -79,6 +91,8 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = if args.first().map(String::as_str) == Some("--child-restart") {
         child_restart(args.get(1..).unwrap_or_default()).map(|()| true)
+    } else if args.first().map(String::as_str) == Some("--child-replay") {
+        child_replay(args.get(1..).unwrap_or_default()).map(|()| true)
     } else {
         parse(&args).and_then(run)
     };
@@ -162,6 +176,7 @@ struct Report {
     /// What makes the run fail (errors, changed addresses).
     failures: Vec<String>,
     notes: Vec<String>,
+    growth: Vec<GrowthRow>,
 }
 
 impl Report {
@@ -216,6 +231,9 @@ impl Report {
         line(&headers.map(str::to_owned));
         for row in &cells {
             line(row);
+        }
+        if !self.growth.is_empty() {
+            print_growth(&self.growth);
         }
         if !self.notes.is_empty() {
             println!();
@@ -334,6 +352,26 @@ fn run(options: Options) -> Result<bool> {
     if selected("memory") {
         let n = sizes.last().copied().unwrap_or(1_000);
         step(&mut report, "memory", |report| memory_scenario(report, n));
+    }
+    if selected("growth")
+        || GROWTH_SHAPES
+            .iter()
+            .any(|s| selected(&format!("growth_{}", s.name)))
+    {
+        // 10k and 100k (1k and 10k quick), or the last two of `--sizes`.
+        let pair = match sizes {
+            [.., small, large] if options.sizes.is_some() => (*small, *large),
+            _ if options.quick => (1_000, 10_000),
+            _ => (10_000, 100_000),
+        };
+        // Past this a run is stopped: a shape that grows too fast must not
+        // hold up the rest.
+        let budget = Duration::from_secs(if options.quick { 20 } else { 300 });
+        step(&mut report, "growth", |report| {
+            let rows = growth_scenario(report, pair, budget, &selected)?;
+            report.growth = rows;
+            Ok(())
+        });
     }
     report.print();
     if let Some(path) = &options.json {
@@ -1398,4 +1436,945 @@ fn memory_scenario(report: &mut Report, n: usize) -> Result<()> {
         met: Some(met),
     });
     Ok(())
+}
+
+// ----- growth -----
+
+/// Above this factor of CPU time for 10x the input, a shape's cost per
+/// event grows with the cluster (docs/allocation.md §4.9).
+const GROWTH_TARGET: f64 = 12.0;
+/// Runs of one shape at one size, at most (the least CPU time counts).
+const GROWTH_RUNS: usize = 3;
+
+/// One input shape of the growth table: a stream generated for a size N,
+/// replayed at two sizes as `fake-watcher replay --output json` does.
+struct GrowthShape {
+    name: &'static str,
+    what: &'static str,
+    /// The §4.6 reconsiderations that may make this shape grow faster than
+    /// its input: it has no target, and the row says why.
+    exception: Option<&'static str>,
+    stream: fn(usize) -> Result<Vec<u8>>,
+    /// What the result must show at N, to catch a generator that went wrong.
+    expect: fn(usize) -> Expect,
+}
+
+/// The Services of the result with an address, and the distinct addresses
+/// they hold (`None`: not checked).
+struct Expect {
+    served: usize,
+    addresses: Option<usize>,
+}
+
+fn expect_all(n: usize) -> Expect {
+    Expect {
+        served: n,
+        addresses: Some(n),
+    }
+}
+
+const GROWTH_SHAPES: &[GrowthShape] = &[
+    GrowthShape {
+        name: "prefer_dual_half",
+        what: "1 in 50 PreferDualStack pinned to an IPv6-only pool (half-served, waiting), N/2 creates then N/2 modify/delete/add",
+        exception: None,
+        stream: prefer_dual_half_stream,
+        expect: prefer_dual_half_expect,
+    },
+    GrowthShape {
+        name: "pools_added",
+        what: "N/2 pools (/30) added one per line, then N/2 Services",
+        exception: None,
+        stream: |n| pools_added_stream(n, false),
+        expect: |n| expect_all(n / 2),
+    },
+    GrowthShape {
+        name: "pools_added_live",
+        what: "N/2 pools (/30) added one per line, a Service after each",
+        exception: Some("a pool change with live Services (§4.6)"),
+        stream: |n| pools_added_stream(n, true),
+        expect: |n| expect_all(n / 2),
+    },
+    GrowthShape {
+        name: "pools_overlapping",
+        what: "N pools each overlapping the previous, then the first deleted",
+        exception: None,
+        stream: pools_overlapping_stream,
+        expect: |_| Expect {
+            served: 0,
+            addresses: Some(0),
+        },
+    },
+    GrowthShape {
+        name: "sharing_ports",
+        what: "one sharing key over N Services, each its own port (one address)",
+        exception: None,
+        stream: sharing_ports_stream,
+        expect: |n| Expect {
+            served: n,
+            addresses: Some(1),
+        },
+    },
+    GrowthShape {
+        name: "sharing_port80",
+        what: "one sharing key over N Services, all on 80/TCP (each steps one address up)",
+        exception: None,
+        stream: sharing_port80_stream,
+        expect: expect_all,
+    },
+    GrowthShape {
+        name: "entries_high_to_low",
+        what: "one pool of N /32 entries listed high to low, N Services",
+        exception: None,
+        stream: entries_high_to_low_stream,
+        expect: expect_all,
+    },
+    GrowthShape {
+        name: "fill_pool",
+        what: "one pool of exactly N addresses, N Services",
+        exception: None,
+        stream: fill_pool_stream,
+        expect: expect_all,
+    },
+    GrowthShape {
+        name: "restart",
+        what: "N Services holding addresses, then SYNCED",
+        exception: None,
+        stream: restart_stream,
+        expect: expect_all,
+    },
+    GrowthShape {
+        name: "sharing_groups",
+        what: "N Services in sharing groups of 10",
+        exception: None,
+        stream: sharing_groups_stream,
+        expect: |n| Expect {
+            served: n,
+            addresses: Some(n.div_ceil(SHARING_GROUP)),
+        },
+    },
+    GrowthShape {
+        name: "selectors",
+        what: "pools with namespace and service selectors, 50 labelled Namespaces, N Services",
+        exception: None,
+        stream: selectors_stream,
+        expect: expect_all,
+    },
+    GrowthShape {
+        name: "wakeups",
+        what: "a full pool of N/2, N/4 waiting, then N/4 deletes (each wakes the waiting)",
+        exception: None,
+        stream: wakeups_stream,
+        expect: |n| expect_all(n / 2),
+    },
+    GrowthShape {
+        name: "add_delete_one",
+        what: "N/2 Services, then one name added and deleted N/4 times",
+        exception: None,
+        stream: add_delete_one_stream,
+        expect: |n| expect_all(n / 2),
+    },
+    GrowthShape {
+        name: "any_pools",
+        what: "one pool of 0.0.0.0/0 and ::/0, N Services (10% IPv6, 10% dual-stack)",
+        exception: None,
+        stream: any_pools_stream,
+        expect: |n| Expect {
+            served: n,
+            addresses: None,
+        },
+    },
+    GrowthShape {
+        name: "mixed",
+        what: "the replay stream: creates, updates, deletes, 3 pool changes",
+        exception: None,
+        stream: |n| mixed_stream(n, REPLAY_SEED).map(|(stream, _)| stream),
+        expect: |_| Expect {
+            served: 0,
+            addresses: None,
+        },
+    },
+    GrowthShape {
+        name: "realistic",
+        what: "N Services as `kubectl get -o json` prints them (labels, annotations, managedFields, nodePorts)",
+        exception: None,
+        stream: realistic_stream,
+        expect: expect_all,
+    },
+];
+
+/// A Service line: `meta` and `spec` are extra members (each starting with
+/// a comma when not empty), `ports` a JSON array.
+fn service_line(
+    out: &mut Vec<u8>,
+    event: &str,
+    (namespace, name): (&str, &str),
+    meta: &str,
+    spec: &str,
+    ports: &str,
+) -> Result<()> {
+    writeln!(
+        out,
+        r#"{{"type":"{event}","object":{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"{name}","namespace":"{namespace}"{meta}}},"spec":{{"type":"LoadBalancer","ports":{ports}{spec}}}}}}}"#
+    )?;
+    Ok(())
+}
+
+fn service_delete_line(out: &mut Vec<u8>, namespace: &str, name: &str) -> Result<()> {
+    writeln!(
+        out,
+        r#"{{"type":"DELETED","object":{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"{name}","namespace":"{namespace}"}}}}}}"#
+    )?;
+    Ok(())
+}
+
+const PORT_80: &str = r#"[{"port":80,"protocol":"TCP"}]"#;
+
+fn namespace_of(i: usize) -> String {
+    format!("ns-{}", i % NAMESPACES)
+}
+
+/// A plain single-stack Service `svc-{i}` on port 80.
+fn plain_service(out: &mut Vec<u8>, i: usize) -> Result<()> {
+    service_line(
+        out,
+        "ADDED",
+        (&namespace_of(i), &format!("svc-{i}")),
+        "",
+        "",
+        PORT_80,
+    )
+}
+
+fn pool_with(out: &mut Vec<u8>, name: &str, spec: &str) -> Result<()> {
+    writeln!(
+        out,
+        r#"{{"type":"ADDED","object":{{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{{"name":"{name}"}},"spec":{spec}}}}}"#
+    )?;
+    Ok(())
+}
+
+/// The `/30` of pool `i` in 10.0.0.0/8, and a range of 8 from there.
+fn block(i: usize, size: u32) -> (Ipv4Addr, Ipv4Addr) {
+    let first = 0x0A00_0000_u32.wrapping_add(u32::try_from(i).unwrap_or(0).wrapping_mul(4));
+    (Ipv4Addr::from(first), Ipv4Addr::from(first + size - 1))
+}
+
+fn prefer_dual_service(out: &mut Vec<u8>, event: &str, i: usize, revision: u64) -> Result<()> {
+    let name = format!("svc-{i}");
+    let namespace = namespace_of(i);
+    if i % 50 == 0 {
+        let meta = format!(
+            r#","labels":{{"revision":"{revision}"}},"annotations":{{"metallb.io/address-pool":"v6only"}}"#
+        );
+        service_line(
+            out,
+            event,
+            (&namespace, &name),
+            &meta,
+            r#","ipFamilyPolicy":"PreferDualStack""#,
+            PORT_80,
+        )
+    } else {
+        let meta = format!(r#","labels":{{"revision":"{revision}"}}"#);
+        service_line(out, event, (&namespace, &name), &meta, "", PORT_80)
+    }
+}
+
+/// The pools (IPv4 for everyone, an IPv6-only one the PreferDualStack
+/// Services are pinned to), N/2 creates, then N/2 of 40% modify, 20%
+/// delete, 40% create.
+fn prefer_dual_half_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 260 + 512);
+    pool_line(&mut out, "ADDED", "v4", &[POOL_V4])?;
+    pool_line(&mut out, "ADDED", "v6only", &[POOL_V6])?;
+    let mut rng = Rng(0x5eed_0010);
+    let mut live: Vec<(usize, u64)> = Vec::new();
+    for i in 0..n / 2 {
+        prefer_dual_service(&mut out, "ADDED", i, 0)?;
+        live.push((i, 0));
+    }
+    let mut next = n / 2;
+    for _ in n / 2..n {
+        let roll = rng.below(10);
+        if roll < 4 && !live.is_empty() {
+            let at = rng.below(live.len());
+            if let Some((i, revision)) = live.get_mut(at) {
+                *revision += 1;
+                prefer_dual_service(&mut out, "MODIFIED", *i, *revision)?;
+            }
+        } else if roll < 6 && !live.is_empty() {
+            let (i, _) = live.swap_remove(rng.below(live.len()));
+            service_delete_line(&mut out, &namespace_of(i), &format!("svc-{i}"))?;
+        } else {
+            prefer_dual_service(&mut out, "ADDED", next, 0)?;
+            live.push((next, 0));
+            next += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// The live Services of `prefer_dual_half_stream(n)` all hold an address
+/// (the PreferDualStack ones their IPv6 one).
+fn prefer_dual_half_expect(n: usize) -> Expect {
+    let mut rng = Rng(0x5eed_0010);
+    let mut live = n / 2;
+    for _ in n / 2..n {
+        let roll = rng.below(10);
+        if roll < 4 && live > 0 {
+            rng.below(live);
+        } else if roll < 6 && live > 0 {
+            rng.below(live);
+            live -= 1;
+        } else {
+            live += 1;
+        }
+    }
+    expect_all(live)
+}
+
+/// N/2 pools of a /30 each, one per line; N/2 Services, after all the pools
+/// or (`live`) one after each pool.
+fn pools_added_stream(n: usize, live: bool) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 200);
+    for i in 0..n / 2 {
+        let (first, _) = block(i, 4);
+        pool_line(
+            &mut out,
+            "ADDED",
+            &format!("pool-{i}"),
+            &[&format!("{first}/30")],
+        )?;
+        if live {
+            plain_service(&mut out, i)?;
+        }
+    }
+    if !live {
+        for i in 0..n / 2 {
+            plain_service(&mut out, i)?;
+        }
+    }
+    Ok(out)
+}
+
+/// N pools of 8 addresses, each overlapping the second half of the one
+/// before (so every other one is rejected), then the first deleted (which
+/// flips the acceptance of every other pool).
+fn pools_overlapping_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 160);
+    for i in 0..n {
+        let (first, last) = block(i, 8);
+        pool_line(
+            &mut out,
+            "ADDED",
+            &format!("pool-{i}"),
+            &[&format!("{first}-{last}")],
+        )?;
+    }
+    writeln!(
+        out,
+        r#"{{"type":"DELETED","object":{{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{{"name":"pool-0"}}}}}}"#
+    )?;
+    Ok(out)
+}
+
+const SHARED_ONE: &str = r#","annotations":{"metallb.io/allow-shared-ip":"one"}"#;
+
+/// One sharing key, a port of its own for each Service (1-65535 TCP, then
+/// UDP): all stack on one address.
+fn sharing_ports_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 260);
+    pool_line(&mut out, "ADDED", "main", &["10.0.0.0/24"])?;
+    for i in 0..n {
+        let port = 1 + i % 65_535;
+        let protocol = if i < 65_535 { "TCP" } else { "UDP" };
+        service_line(
+            &mut out,
+            "ADDED",
+            (&namespace_of(i), &format!("svc-{i}")),
+            SHARED_ONE,
+            "",
+            &format!(r#"[{{"port":{port},"protocol":"{protocol}"}}]"#),
+        )?;
+    }
+    Ok(out)
+}
+
+/// One sharing key, every Service on 80/TCP: each needs an address of its own.
+fn sharing_port80_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 260);
+    pool_line(&mut out, "ADDED", "main", &[POOL_V4])?;
+    for i in 0..n {
+        service_line(
+            &mut out,
+            "ADDED",
+            (&namespace_of(i), &format!("svc-{i}")),
+            SHARED_ONE,
+            "",
+            PORT_80,
+        )?;
+    }
+    Ok(out)
+}
+
+/// One pool whose `spec.addresses` lists N `/32`s from the highest down.
+fn entries_high_to_low_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 200);
+    let entries: Vec<String> = (0..n)
+        .rev()
+        .map(|i| format!("{}/32", v4(u32::try_from(i).unwrap_or(0))))
+        .collect();
+    let entries: Vec<&str> = entries.iter().map(String::as_str).collect();
+    pool_line(&mut out, "ADDED", "main", &entries)?;
+    for i in 0..n {
+        plain_service(&mut out, i)?;
+    }
+    Ok(out)
+}
+
+fn fill_pool_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 200);
+    let last = v4(u32::try_from(n).unwrap_or(1).saturating_sub(1));
+    pool_line(&mut out, "ADDED", "main", &[&format!("{}-{last}", v4(0))])?;
+    for i in 0..n {
+        plain_service(&mut out, i)?;
+    }
+    Ok(out)
+}
+
+fn sharing_groups_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 260);
+    pool_line(&mut out, "ADDED", "main", &[POOL_V4])?;
+    for i in 0..n {
+        let group = i / SHARING_GROUP;
+        let port = 8000 + i % SHARING_GROUP;
+        service_line(
+            &mut out,
+            "ADDED",
+            (&namespace_of(i), &format!("svc-{i}")),
+            &format!(r#","annotations":{{"metallb.io/allow-shared-ip":"group-{group}"}}"#),
+            "",
+            &format!(r#"[{{"port":{port},"protocol":"TCP"}}]"#),
+        )?;
+    }
+    Ok(out)
+}
+
+/// 50 Namespaces, half `tier: gold`; a pool for gold Namespaces, one for
+/// `app: web` Services (a third), one for every Service; N Services.
+fn selectors_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 260 + 8192);
+    for k in 0..NAMESPACES {
+        let tier = if k % 2 == 0 { "gold" } else { "silver" };
+        writeln!(
+            out,
+            r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"ns-{k}","labels":{{"tier":"{tier}"}}}}}}}}"#
+        )?;
+    }
+    pool_with(
+        &mut out,
+        "gold",
+        r#"{"addresses":["10.4.0.0/14"],"serviceAllocation":{"priority":1,"namespaceSelectors":[{"matchLabels":{"tier":"gold"}}]}}"#,
+    )?;
+    pool_with(
+        &mut out,
+        "web",
+        r#"{"addresses":["10.8.0.0/14"],"serviceAllocation":{"priority":2,"serviceSelectors":[{"matchExpressions":[{"key":"app","operator":"In","values":["web"]}]}]}}"#,
+    )?;
+    pool_line(&mut out, "ADDED", "rest", &[POOL_V4])?;
+    for i in 0..n {
+        let app = if i % 3 == 0 {
+            "web".to_owned()
+        } else {
+            format!("app-{}", i % 100)
+        };
+        service_line(
+            &mut out,
+            "ADDED",
+            (&namespace_of(i), &format!("svc-{i}")),
+            &format!(r#","labels":{{"app":"{app}"}}"#),
+            "",
+            PORT_80,
+        )?;
+    }
+    Ok(out)
+}
+
+/// A pool of exactly N/2 addresses, N/2 Services holding them, N/4 more
+/// waiting, then N/4 of the holders deleted one per line (every other
+/// one): each delete wakes the waiting, and one of them takes the address.
+fn wakeups_stream(n: usize) -> Result<Vec<u8>> {
+    let held = n / 2;
+    let mut out = Vec::with_capacity(n * 200);
+    let last = v4(u32::try_from(held).unwrap_or(1).saturating_sub(1));
+    pool_line(&mut out, "ADDED", "main", &[&format!("{}-{last}", v4(0))])?;
+    for i in 0..held + n / 4 {
+        plain_service(&mut out, i)?;
+    }
+    for k in 0..n / 4 {
+        let i = 2 * k;
+        service_delete_line(&mut out, &namespace_of(i), &format!("svc-{i}"))?;
+    }
+    Ok(out)
+}
+
+/// N/2 Services, then one more name added and deleted, N/4 times each.
+fn add_delete_one_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 200);
+    pool_line(&mut out, "ADDED", "main", &[POOL_V4])?;
+    for i in 0..n / 2 {
+        plain_service(&mut out, i)?;
+    }
+    for _ in 0..n / 4 {
+        service_line(&mut out, "ADDED", ("churn", "one"), "", "", PORT_80)?;
+        service_delete_line(&mut out, "churn", "one")?;
+    }
+    Ok(out)
+}
+
+/// One pool of the whole address space of both families: 80% IPv4, 10%
+/// IPv6, 10% RequireDualStack Services.
+fn any_pools_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 220);
+    pool_line(&mut out, "ADDED", "all", &["0.0.0.0/0", "::/0"])?;
+    for i in 0..n {
+        let spec = match i % 10 {
+            0 => r#","ipFamilies":["IPv6"]"#,
+            1 => r#","ipFamilyPolicy":"RequireDualStack""#,
+            _ => "",
+        };
+        service_line(
+            &mut out,
+            "ADDED",
+            (&namespace_of(i), &format!("svc-{i}")),
+            "",
+            spec,
+            PORT_80,
+        )?;
+    }
+    Ok(out)
+}
+
+/// N Services as `kubectl get services -o json` prints them (each item as
+/// an ADDED line): Helm labels and annotations, the
+/// last-applied-configuration annotation, managedFields, two ports with
+/// nodePorts, cluster IPs given; then a BOOKMARK, so that the last line
+/// read comes after every Service is applied. `SYNCED` comes right after
+/// the pool: the replay keeps no line aside to look for it, so the memory
+/// figure is the replay's state alone.
+fn realistic_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 2600 + 512);
+    pool_line(&mut out, "ADDED", "main", &[POOL_V4])?;
+    writeln!(out, r#"{{"type":"SYNCED"}}"#)?;
+    for i in 0..n {
+        let ns = namespace_of(i);
+        let app = format!("app-{i}");
+        let cluster_ip = Ipv4Addr::from(0x0A60_0000_u32 + 10 + u32::try_from(i).unwrap_or(0));
+        let node_http = 30_000 + (2 * i) % 2_767;
+        let node_https = 30_000 + (2 * i + 1) % 2_767;
+        let last_applied = serde_json::to_string(&format!(
+            r#"{{"apiVersion":"v1","kind":"Service","metadata":{{"annotations":{{"meta.helm.sh/release-name":"{app}","meta.helm.sh/release-namespace":"{ns}"}},"labels":{{"app.kubernetes.io/instance":"{app}","app.kubernetes.io/managed-by":"Helm","app.kubernetes.io/name":"web","app.kubernetes.io/version":"1.4.2","helm.sh/chart":"web-0.3.1"}},"name":"svc-{i}","namespace":"{ns}"}},"spec":{{"ports":[{{"name":"http","port":80,"protocol":"TCP","targetPort":8080}},{{"name":"https","port":443,"protocol":"TCP","targetPort":8443}}],"selector":{{"app.kubernetes.io/instance":"{app}","app.kubernetes.io/name":"web"}},"type":"LoadBalancer"}}}}
+"#
+        ))?;
+        writeln!(
+            out,
+            concat!(
+                r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"Service","metadata":{{"annotations":{{"kubectl.kubernetes.io/last-applied-configuration":{last_applied},"meta.helm.sh/release-name":"{app}","meta.helm.sh/release-namespace":"{ns}"}},"#,
+                r#""creationTimestamp":"2026-11-02T10:15:30Z","labels":{{"app.kubernetes.io/instance":"{app}","app.kubernetes.io/managed-by":"Helm","app.kubernetes.io/name":"web","app.kubernetes.io/version":"1.4.2","helm.sh/chart":"web-0.3.1"}},"#,
+                r#""managedFields":[{{"apiVersion":"v1","fieldsType":"FieldsV1","fieldsV1":{{"f:metadata":{{"f:annotations":{{".":{{}},"f:kubectl.kubernetes.io/last-applied-configuration":{{}},"f:meta.helm.sh/release-name":{{}},"f:meta.helm.sh/release-namespace":{{}}}},"f:labels":{{".":{{}},"f:app.kubernetes.io/instance":{{}},"f:app.kubernetes.io/managed-by":{{}},"f:app.kubernetes.io/name":{{}},"f:app.kubernetes.io/version":{{}},"f:helm.sh/chart":{{}}}}}},"#,
+                r#""f:spec":{{"f:allocateLoadBalancerNodePorts":{{}},"f:externalTrafficPolicy":{{}},"f:internalTrafficPolicy":{{}},"f:ports":{{".":{{}},"k:{{\"port\":80,\"protocol\":\"TCP\"}}":{{".":{{}},"f:name":{{}},"f:port":{{}},"f:protocol":{{}},"f:targetPort":{{}}}},"k:{{\"port\":443,\"protocol\":\"TCP\"}}":{{".":{{}},"f:name":{{}},"f:port":{{}},"f:protocol":{{}},"f:targetPort":{{}}}}}},"f:selector":{{}},"f:sessionAffinity":{{}},"f:type":{{}}}}}},"manager":"helm","operation":"Update","time":"2026-11-02T10:15:30Z"}}],"#,
+                r#""name":"svc-{i}","namespace":"{ns}","resourceVersion":"{rv}","uid":"{uid:08x}-6b1e-4c2a-9f3d-{uid:012x}"}},"#,
+                r#""spec":{{"allocateLoadBalancerNodePorts":true,"clusterIP":"{cluster_ip}","clusterIPs":["{cluster_ip}"],"externalTrafficPolicy":"Cluster","internalTrafficPolicy":"Cluster","ipFamilies":["IPv4"],"ipFamilyPolicy":"SingleStack","#,
+                r#""ports":[{{"name":"http","nodePort":{node_http},"port":80,"protocol":"TCP","targetPort":8080}},{{"name":"https","nodePort":{node_https},"port":443,"protocol":"TCP","targetPort":8443}}],"#,
+                r#""selector":{{"app.kubernetes.io/instance":"{app}","app.kubernetes.io/name":"web"}},"sessionAffinity":"None","type":"LoadBalancer"}},"status":{{"loadBalancer":{{}}}}}}}}"#
+            ),
+            last_applied = last_applied,
+            app = app,
+            ns = ns,
+            rv = 1_000_000 + i,
+            uid = i,
+            cluster_ip = cluster_ip,
+            node_http = node_http,
+            node_https = node_https,
+            i = i,
+        )?;
+    }
+    writeln!(
+        out,
+        r#"{{"type":"BOOKMARK","object":{{"apiVersion":"v1","kind":"Service","metadata":{{"resourceVersion":"{}"}}}}}}"#,
+        2_000_000 + n
+    )?;
+    Ok(out)
+}
+
+/// What a replay child measured.
+struct Measured {
+    /// Process CPU seconds (every thread); a lower bound when `stopped`.
+    cpu: f64,
+    wall: f64,
+    /// Stopped at the time budget.
+    stopped: bool,
+    services: usize,
+    served: usize,
+    addresses: usize,
+    /// Live heap bytes gained by the last line read (the store full).
+    heap_last_line: f64,
+    /// Peak RSS gained during the replay, in bytes.
+    rss_gained: f64,
+}
+
+/// Process CPU time (every thread, those ended included).
+fn process_cpu() -> Duration {
+    let time = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(
+        u64::try_from(time.tv_sec).unwrap_or(0),
+        u32::try_from(time.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// Remembers the live heap at the last line read.
+struct HeapAtLine(usize);
+
+impl fake_watcher::Observer for HeapAtLine {
+    fn line(&mut self, _line: u64) {
+        self.0 = ALLOCATOR.allocated();
+    }
+}
+
+/// The child of the growth table: replays the stream at PATH as
+/// `fake-watcher replay --output json` does and prints `key=value` fields.
+fn child_replay(args: &[String]) -> Result<()> {
+    let [path] = args else {
+        return Err("usage: --child-replay PATH".into());
+    };
+    let start_hwm = peak_rss_kb()?;
+    let heap_start = ALLOCATOR.allocated();
+    let mut heap = HeapAtLine(heap_start);
+    let cpu = process_cpu();
+    let wall = Instant::now();
+    let file = std::fs::File::open(path)?;
+    let output = replay_pipelined(
+        "growth",
+        BufReader::with_capacity(1 << 16, file),
+        &ReplayOptions::default(),
+        &mut heap,
+    )?;
+    let json = fake_watcher::render_json(&output.result)?;
+    let cpu = process_cpu().saturating_sub(cpu).as_secs_f64();
+    let wall = wall.elapsed().as_secs_f64();
+    std::hint::black_box(json);
+    let services = &output.result.services;
+    let served = services.iter().filter(|s| !s.ips.is_empty()).count();
+    let addresses: std::collections::HashSet<&String> =
+        services.iter().flat_map(|s| s.ips.iter()).collect();
+    let hwm = peak_rss_kb()?;
+    println!(
+        "cpu_s={cpu:.6} wall_s={wall:.6} services={} served={served} addresses={} heap_last_line={} rss_gained_kb={}",
+        services.len(),
+        addresses.len(),
+        heap.0.saturating_sub(heap_start),
+        hwm.saturating_sub(start_hwm)
+    );
+    Ok(())
+}
+
+/// CPU seconds of a running process, from `/proc/PID/stat` (in clock ticks
+/// of 1/100 s, Linux's USER_HZ).
+fn cpu_of(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3, utime 14 and stime 15.
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&at| fields.get(at).and_then(|v| v.parse::<f64>().ok()))
+        .sum();
+    Some(ticks / 100.0)
+}
+
+/// Replays `stream` in a child process, stopped after `budget`.
+fn replay_child(stream: &[u8], budget: Duration) -> Result<Measured> {
+    let mut file = tempfile::NamedTempFile::new()?;
+    file.write_all(stream)?;
+    file.flush()?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg("--child-replay")
+        .arg(file.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let start = Instant::now();
+    loop {
+        if child.try_wait()?.is_some() {
+            break;
+        }
+        if start.elapsed() > budget {
+            let cpu = cpu_of(child.id()).unwrap_or(budget.as_secs_f64());
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(Measured {
+                cpu,
+                wall: start.elapsed().as_secs_f64(),
+                stopped: true,
+                services: 0,
+                served: 0,
+                addresses: 0,
+                heap_last_line: 0.0,
+                rss_gained: 0.0,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let output = child.wait_with_output()?;
+    if !output.status.success() {
+        return Err(format!(
+            "the replay child failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+        .into());
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let fields: BTreeMap<&str, &str> = stdout
+        .split_whitespace()
+        .filter_map(|field| field.split_once('='))
+        .collect();
+    let field = |name: &str| -> Result<f64> {
+        fields
+            .get(name)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("the replay child printed no {name}: {stdout}").into())
+    };
+    Ok(Measured {
+        cpu: field("cpu_s")?,
+        wall: field("wall_s")?,
+        stopped: false,
+        services: field("services")? as usize,
+        served: field("served")? as usize,
+        addresses: field("addresses")? as usize,
+        heap_last_line: field("heap_last_line")?,
+        rss_gained: field("rss_gained_kb")? * 1024.0,
+    })
+}
+
+/// The run of least CPU time of up to [`GROWTH_RUNS`], fewer once they
+/// have taken a second: on a busy machine one run may pay for another
+/// process's use of the caches.
+fn best_run(stream: &[u8], budget: Duration) -> Result<Measured> {
+    let mut best = replay_child(stream, budget)?;
+    let mut spent = best.cpu;
+    for _ in 1..GROWTH_RUNS {
+        if best.stopped || spent >= 1.0 {
+            break;
+        }
+        let run = replay_child(stream, budget)?;
+        spent += run.cpu;
+        if !run.stopped && run.cpu < best.cpu {
+            best = run;
+        }
+    }
+    Ok(best)
+}
+
+/// One row of the growth table.
+struct GrowthRow {
+    name: String,
+    small: String,
+    large: String,
+    growth: String,
+    target: String,
+    met: Option<bool>,
+}
+
+fn cpu_text(measured: &Measured) -> String {
+    if measured.stopped {
+        format!("> {} (stopped)", human(measured.cpu))
+    } else {
+        human(measured.cpu)
+    }
+}
+
+/// Every shape of [`GROWTH_SHAPES`] that `selected` allows, at `small` and
+/// `large` (10x), each replayed in a child process stopped after `budget`.
+fn growth_scenario(
+    report: &mut Report,
+    (small, large): (usize, usize),
+    budget: Duration,
+    selected: &dyn Fn(&str) -> bool,
+) -> Result<Vec<GrowthRow>> {
+    let mut rows = Vec::new();
+    for shape in GROWTH_SHAPES {
+        if !selected("growth") && !selected(&format!("growth_{}", shape.name)) {
+            continue;
+        }
+        eprintln!("  growth {}...", shape.name);
+        let mut measured = Vec::new();
+        for n in [small, large] {
+            let stream = (shape.stream)(n)?;
+            let result = best_run(&stream, budget)
+                .map_err(|error| format!("growth {} at {}: {error}", shape.name, size_name(n)))?;
+            let expect = (shape.expect)(n);
+            let wrong_served = expect.served != 0 && result.served != expect.served;
+            let wrong_addresses = expect.addresses.is_some_and(|a| a != result.addresses);
+            if !result.stopped && (wrong_served || wrong_addresses) {
+                report.notes.push(format!(
+                    "growth {} at {}: {} of {} services served on {} addresses, expected {} on {}",
+                    shape.name,
+                    size_name(n),
+                    result.served,
+                    result.services,
+                    result.addresses,
+                    expect.served,
+                    expect
+                        .addresses
+                        .map_or_else(|| "any".to_owned(), |a| a.to_string())
+                ));
+            }
+            if result.stopped {
+                report.notes.push(format!(
+                    "growth {} at {}: stopped at the budget of {} (wall), the CPU time is a lower bound",
+                    shape.name,
+                    size_name(n),
+                    human(budget.as_secs_f64())
+                ));
+            }
+            measured.push((n, result));
+        }
+        let [(_, small_run), (_, large_run)] = measured.as_slice() else {
+            continue;
+        };
+        let growth = large_run.cpu / small_run.cpu.max(1e-6);
+        let large_name = size_name(large);
+        report.number(&format!("growth_{}", shape.name), growth);
+        report.number(
+            &format!("growth_{}_s_{large_name}", shape.name),
+            large_run.cpu,
+        );
+        report.number(
+            &format!("growth_{}_s_{}", shape.name, size_name(small)),
+            small_run.cpu,
+        );
+        // A stopped small run says nothing of the growth; a stopped large
+        // one, that it is at least this.
+        let growth_text = match (small_run.stopped, large_run.stopped) {
+            (true, _) => "?".to_owned(),
+            (false, true) => format!("> x{growth:.1}"),
+            (false, false) => format!("x{growth:.1}"),
+        };
+        let (target, met) = match shape.exception {
+            Some(why) => (format!("none: {why}"), None),
+            None => {
+                let met = !small_run.stopped && !large_run.stopped && growth <= GROWTH_TARGET;
+                report.target(
+                    &format!("growth_{} <= {GROWTH_TARGET}", shape.name),
+                    met,
+                    format!(
+                        "{} -> {}: {growth_text} for x{}",
+                        cpu_text(small_run),
+                        cpu_text(large_run),
+                        large / small.max(1)
+                    ),
+                );
+                (format!("<= x{GROWTH_TARGET}"), Some(met))
+            }
+        };
+        if shape.name == "realistic" && !large_run.stopped {
+            let per_service = large_run.heap_last_line / large as f64;
+            let rss_per_service = large_run.rss_gained / large as f64;
+            report.number(
+                &format!("replay_bytes_per_service_{large_name}"),
+                per_service,
+            );
+            report.number(
+                &format!("replay_peak_rss_bytes_per_service_{large_name}"),
+                rss_per_service,
+            );
+            let met = per_service <= 1536.0;
+            if large >= 100_000 {
+                report.target(
+                    "replay_bytes_per_service_100k <= 1.5 KB",
+                    met,
+                    format!(
+                        "{per_service:.0} B live heap per Service at the last line (peak RSS {rss_per_service:.0} B/Service)"
+                    ),
+                );
+            }
+            report.rows.push(Row {
+                name: "replay bytes/service (realistic)".to_owned(),
+                n: large_name.clone(),
+                total: format!("{:.1} MB", large_run.heap_last_line / 1_048_576.0),
+                rate: format!(
+                    "{per_service:.0} B/service live heap, {rss_per_service:.0} B/service peak RSS"
+                ),
+                target: "<= 1.5 KB".to_owned(),
+                met: (large >= 100_000).then_some(met),
+            });
+        }
+        rows.push(GrowthRow {
+            name: shape.name.to_owned(),
+            small: format!("{} {}", size_name(small), cpu_text(small_run)),
+            large: format!(
+                "{large_name} {} (wall {})",
+                cpu_text(large_run),
+                human(large_run.wall)
+            ),
+            growth: growth_text,
+            target,
+            met,
+        });
+    }
+    Ok(rows)
+}
+
+fn print_growth(rows: &[GrowthRow]) {
+    let headers = [
+        "SHAPE",
+        "SMALL (CPU)",
+        "LARGE (CPU)",
+        "GROWTH",
+        "TARGET",
+        "MET",
+    ];
+    let cells: Vec<[String; 6]> = rows
+        .iter()
+        .map(|row| {
+            [
+                row.name.clone(),
+                row.small.clone(),
+                row.large.clone(),
+                row.growth.clone(),
+                row.target.clone(),
+                match row.met {
+                    None => "-".to_owned(),
+                    Some(true) => "yes".to_owned(),
+                    Some(false) => "NO".to_owned(),
+                },
+            ]
+        })
+        .collect();
+    let mut widths = headers.map(str::len);
+    for row in &cells {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        let mut out = String::new();
+        for (cell, width) in cells.iter().zip(widths) {
+            out.push_str(&format!("{cell:<width$}  "));
+        }
+        println!("{}", out.trim_end());
+    };
+    println!("\ngrowth of CPU time for 10x the input (process CPU of the replay child):");
+    line(&headers.map(str::to_owned));
+    for row in &cells {
+        line(row);
+    }
+    println!();
+    for shape in GROWTH_SHAPES {
+        if rows.iter().any(|row| row.name == shape.name) {
+            println!("  {}: {}", shape.name, shape.what);
+        }
+    }
 }
