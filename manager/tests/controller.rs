@@ -2583,3 +2583,66 @@ mod s5_manager {
         assert_eq!(h.controller.stats().pool_rejections, 2);
     }
 }
+
+/// Cost regressions (docs/allocation.md §4.9), counted in reconciliations
+/// and restores at sizes where the old code did at least 20 times the work
+/// of the bound asserted.
+mod cost {
+    use super::*;
+
+    const N: usize = 400;
+
+    fn work(h: &Harness) -> u64 {
+        let stats = h.controller.stats();
+        stats.reconciliations + stats.restores
+    }
+
+    /// Half-served PreferDualStack Services wait for an IPv6 address that
+    /// never comes; churn of other Services (each delete frees an IPv4
+    /// address) wakes none of them.
+    #[tokio::test(flavor = "current_thread")]
+    async fn half_served_dual_stack_services_cost_nothing_per_unrelated_delete() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.0/16", "fd00::1"]))]).await;
+        h.add(svc("ns/hog").v6()).await;
+        for i in 0..N {
+            h.add(svc(&format!("ns/d{i}")).dual("PreferDualStack", false))
+                .await;
+        }
+        assert_eq!(h.waiting().len(), N);
+        let before = work(&h);
+        for i in 0..N {
+            h.add(svc(&format!("ns/s{i}"))).await;
+            h.delete(&format!("ns/s{i}")).await;
+        }
+        // One reconciliation for each add and each delete: the old code
+        // reconsidered every waiting Service on each delete (N² in all).
+        assert!(work(&h) - before <= 3 * N as u64, "{}", work(&h) - before);
+        // Freeing the IPv6 address completes the longest waiting.
+        h.delete("ns/hog").await;
+        assert_eq!(h.status("ns/d0"), "10.0.0.0 fd00::1 @a");
+        assert_eq!(h.waiting().len(), N - 1);
+    }
+
+    /// Pools added one by one beside N Services that hold addresses: the
+    /// first pass after each change looks only at what it may touch.
+    #[tokio::test(flavor = "current_thread")]
+    async fn pools_added_beside_live_services_look_only_at_what_they_touch() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.0/16"]))]).await;
+        for i in 0..N {
+            h.add(svc(&format!("ns/s{i}"))).await;
+        }
+        let before = work(&h);
+        for p in 0..N {
+            h.pool(
+                &format!("p{p:04}"),
+                addrs(&[&format!("10.1.{}.{}/32", p / 256, p % 256)]),
+            )
+            .await;
+        }
+        // The old first pass restored all N Services on each change.
+        assert!(work(&h) - before <= 2 * N as u64, "{}", work(&h) - before);
+        // A change that moves addresses still reconsiders their holders.
+        h.pool("a", addrs(&["10.0.0.0/24"])).await;
+        assert_eq!(h.status("ns/s0"), "10.0.0.0 @a");
+    }
+}

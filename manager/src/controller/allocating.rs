@@ -77,6 +77,8 @@ pub struct Holding {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ControllerStats {
     pub reconciliations: u64,
+    /// Services looked at by the first pass at sync or after a change.
+    pub restores: u64,
     /// Failed writes (retried).
     pub write_errors: u64,
     /// Events the client could not emit (not retried).
@@ -144,6 +146,7 @@ pub struct AllocatingController {
     config: ControllerConfig,
     state: Mutex<State>,
     reconciliations: AtomicU64,
+    restores: AtomicU64,
     write_errors: AtomicU64,
     event_errors: AtomicU64,
     pool_rejections: AtomicU64,
@@ -222,6 +225,7 @@ impl AllocatingController {
             config,
             state: Mutex::new(State::default()),
             reconciliations: AtomicU64::new(0),
+            restores: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
             event_errors: AtomicU64::new(0),
             pool_rejections: AtomicU64::new(0),
@@ -264,6 +268,7 @@ impl AllocatingController {
     pub fn stats(&self) -> ControllerStats {
         ControllerStats {
             reconciliations: self.reconciliations.load(Ordering::Relaxed),
+            restores: self.restores.load(Ordering::Relaxed),
             write_errors: self.write_errors.load(Ordering::Relaxed),
             event_errors: self.event_errors.load(Ordering::Relaxed),
             pool_rejections: self.pool_rejections.load(Ordering::Relaxed),
@@ -972,6 +977,7 @@ impl Controller for AllocatingController {
     }
 
     async fn restore(&self, key: &str, service: &Service) -> RestoreOutcome {
+        self.restores.fetch_add(1, Ordering::Relaxed);
         let (outcome, clear) = {
             let mut state = self.lock();
             self.restore_locked(&mut state, key, service)
