@@ -13,14 +13,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use allocator::{
-    AllocError, Allocator, Family, FamilyPolicy, Holding as AllocatorHolding, PoolChange, Request,
-    Subject,
+    AllocError, Allocator, Family, FamilyPolicy, Holding as AllocatorHolding, PoolChange, Port,
+    Request, Subject,
 };
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use subscriber::IPAddressPool;
 use tracing::{debug, info, warn};
 
+use super::decide::{decide, incomplete, Failure, Input, Outcome};
 use super::service::{
     is_ours, parse_status, pool_annotation, same_but_written, status_ip_strings, status_shows,
     status_texts, ServiceView, NO_LABELS,
@@ -333,210 +334,56 @@ impl AllocatingController {
         }
     }
 
-    /// Decides one Service (docs/allocation.md §4.1–4.7).
+    /// Decides one Service (docs/allocation.md §4.1–4.7) and what to write
+    /// and announce about it.
     fn plan(&self, state: &mut State, key: &str, service: Option<&Service>) -> Plan {
         // Released and announced by the restore pass, if so.
         let announced_clear = state.cleared.remove(key);
         let Some(service) = service else {
-            let released = state.allocator.release(key);
-            state.last_warning.remove(key);
-            state.owed_clears.remove(key);
-            // Every delete wakes the waiting Services (§4.6) that what it
-            // freed may serve, and those any release may (§4.9).
-            let mut outcome = SyncOutcome::success();
-            outcome.wake_waiting = true;
-            outcome.freed = freed(&state.allocator, released.as_ref(), None);
-            return Plan::done(outcome);
+            return plan_delete(state, key);
         };
         if !is_ours(service, self.config.lb_class.as_deref()) {
             return self.plan_not_ours(state, key, service);
         }
-        // Addresses released when the Service stopped being ours, whose
-        // clearing write has not gone through: stale, never kept.
         let stale_status = state.owed_clears.remove(key);
         let view = ServiceView::new(service);
         let namespace = self.store.namespace(view.namespace);
         let before = state.allocator.holding(key);
-        let sharing_before = state
-            .allocator
-            .sharing_of(key)
-            .map(|(sharing, ports)| (sharing.to_owned(), ports.to_vec()));
+        let sharing_before = sharing_of(&state.allocator, key);
+        let status = status_ip_strings(service);
+        let input = Input {
+            key,
+            view: &view,
+            namespace_labels: labels_of(&namespace),
+            status: &status,
+            stale_status,
+        };
+        let decision = decide(&mut state.allocator, &input);
         let mut events = Vec::new();
-        let mut sync_state = SyncState::Success;
-        let mut warning: Option<Event> = None;
-        let mut waiting_class: Option<u64> = None;
-        let mut wake_on: Option<Vec<WakeOn>> = None;
-
-        let no_addresses: &[IpAddr] = &[];
-        let (requested, invalid) = match &view.requested {
-            Ok(ips) => (ips.as_slice(), None),
-            Err(reason) => (no_addresses, Some(reason.clone())),
-        };
-        let status_strings = status_ip_strings(service);
-        let status = parse_status(&status_strings);
-
-        match view.families {
-            None => {
-                if !status_strings.is_empty() || before.is_some() {
-                    state.allocator.release(key);
-                    if !status_strings.is_empty()
-                        && announced_clear.as_ref() != Some(&status_strings)
-                    {
-                        events.push(clear_event(
-                            &status_strings,
-                            "the service has no cluster IP",
-                        ));
-                    }
-                }
-                if let Some(reason) = invalid {
-                    sync_state = SyncState::Invalid;
-                    warning = Some(invalid_event(&reason));
-                } else {
-                    sync_state = SyncState::Waiting;
-                    // No delete can ever help: one class for all of them,
-                    // woken by no release.
-                    waiting_class = Some(class_of(&"no cluster IP"));
-                    wake_on = Some(Vec::new());
-                    warning = Some(failed_event(key, "the service has no cluster IP"));
-                }
-            }
-            Some(families) => {
-                let request = view.request(key, families, labels_of(&namespace), requested);
-                // §4.4 step 1: keep what the status holds if still allowed.
-                let mut kept = false;
-                if !status_strings.is_empty() && !stale_status {
-                    let result = match &status {
-                        Ok(ips) => state
-                            .allocator
-                            .keep(&request, ips)
-                            .map_err(|e| e.to_string()),
-                        Err(reason) => Err(reason.clone()),
-                    };
-                    match result {
-                        Ok(_) => kept = true,
-                        Err(reason) => {
-                            debug!(key, %reason, "held address no longer allowed");
-                            state.allocator.release(key);
-                            if announced_clear.as_ref() != Some(&status_strings) {
-                                events.push(clear_event(&status_strings, &reason));
-                            }
-                        }
-                    }
-                } else if before.is_some() {
-                    // The status lost its addresses (a failed write, or a
-                    // user): start from a clean slate, as MetalLB does.
-                    state.allocator.release(key);
-                }
-                if let Some(reason) = invalid {
-                    // An invalid request: a Service keeps what it holds and
-                    // gets nothing new.
-                    sync_state = SyncState::Invalid;
-                    warning = Some(invalid_event(&reason));
-                } else if kept {
-                    let held = status.as_deref().unwrap_or_default();
-                    if incomplete(families, held, requested) {
-                        match state.allocator.complete_dual_stack(&request) {
-                            Some(holding) => events.push(allocated_event(&holding)),
-                            None => {
-                                sync_state = SyncState::Waiting;
-                                (waiting_class, wake_on) =
-                                    half_served_wait(&state.allocator, &request, key);
-                            }
-                        }
-                    }
-                } else {
-                    match state.allocator.allocate(&request) {
-                        Ok(holding) => {
-                            // One family of a PreferDualStack Service that
-                            // did not ask for it alone: it waits for the
-                            // other (§4.3).
-                            if incomplete(families, &holding.ips, requested) {
-                                sync_state = SyncState::Waiting;
-                                (waiting_class, wake_on) =
-                                    half_served_wait(&state.allocator, &request, key);
-                            }
-                            events.push(allocated_event(&holding));
-                        }
-                        Err(error) => {
-                            sync_state = SyncState::Waiting;
-                            waiting_class = demand_class(&error, &request);
-                            wake_on = wake_on_failure(&error, &request);
-                            warning = Some(failed_event(key, &error.to_string()));
-                        }
-                    }
-                }
+        if let Some(reason) = &decision.cleared {
+            if announced_clear.as_ref() != Some(&status) {
+                events.push(clear_event(&status, reason));
             }
         }
-
-        // Announce a failure once, not on every reconciliation.
-        let mut warned = false;
-        match warning {
-            Some(event) => {
-                let uid = service.metadata.uid.clone().unwrap_or_default();
-                let signature = (uid, event.reason.clone(), event.message.clone());
-                if state.last_warning.get(key) != Some(&signature) {
-                    state.last_warning.insert(key.to_owned(), signature);
-                    events.push(event);
-                    warned = true;
-                }
-            }
-            None => {
-                state.last_warning.remove(key);
-            }
+        if let Outcome::Holds {
+            given: Some(holding),
+            ..
+        } = &decision.outcome
+        {
+            events.push(allocated_event(holding));
         }
-
+        let warned = announce_warning(state, key, service, &decision.outcome, &mut events);
         let after = state.allocator.holding(key);
-        let desired = ServiceWrite {
-            ingress: after.as_ref().map(|h| h.ips.clone()).unwrap_or_default(),
-            pool: after.as_ref().map(|h| h.pool.clone()),
-        };
-        let write = (!status_shows(service, &desired.ingress)
-            || pool_annotation(service) != desired.pool.as_deref())
-        .then_some(desired);
+        let write = desired_write(service, after.as_ref());
         if write.is_some() && !view.deprecated.is_empty() {
-            // One event per write, naming every old-prefix annotation.
-            let advice: Vec<String> = view
-                .deprecated
-                .iter()
-                .map(|old| {
-                    let new = old.replace("metallb.universe.tf/", "metallb.io/");
-                    format!("annotation {old:?} is deprecated, use {new:?}")
-                })
-                .collect();
-            events.push(event(
-                EventType::Warning,
-                reason::DEPRECATED_ANNOTATION,
-                advice.join("; "),
-            ));
+            events.push(deprecated_event(&view.deprecated));
         }
-
-        let mut outcome = SyncOutcome::new(sync_state);
-        if outcome.state == SyncState::Waiting {
-            outcome.waiting_class = waiting_class;
-            outcome.wake_on = wake_on;
-        }
-        // Addresses given up free room for the waiting (§4.6).
-        let released_any = before.as_ref().is_some_and(|b| {
-            b.ips
-                .iter()
-                .any(|ip| !after.as_ref().is_some_and(|a| a.ips.contains(ip)))
-        });
-        outcome.wake_waiting = released_any;
-        outcome.freed = freed(&state.allocator, before.as_ref(), after.as_ref());
-        // A change of sharing key or ports: the others on its addresses are
-        // reconsidered (§4.6).
-        let sharing_after = state
-            .allocator
-            .sharing_of(key)
-            .map(|(s, p)| (s.to_owned(), p.to_vec()));
-        if let (Some(before), Some(sharing_before)) = (&before, &sharing_before) {
-            if sharing_after.as_ref() != Some(sharing_before) {
-                let others = others_on(&state.allocator, key, before);
-                if !others.is_empty() {
-                    outcome.reconsider = Reconsider::Keys(others);
-                }
-            }
-        }
+        let changed = Change {
+            before: before.as_ref(),
+            after: after.as_ref(),
+            sharing_before,
+        };
+        let outcome = sync_outcome(&state.allocator, key, &view, &decision.outcome, &changed);
         Plan {
             write,
             events,
@@ -676,10 +523,155 @@ impl AllocatingController {
     }
 }
 
-/// A PreferDualStack Service holding one address it did not ask for
-/// alone: it waits for the other family (§4.3).
-fn incomplete(families: FamilyPolicy, held: &[IpAddr], requested: &[IpAddr]) -> bool {
-    matches!(families, FamilyPolicy::PreferDual { .. }) && held.len() == 1 && requested.is_empty()
+/// A deleted Service releases what it held; every delete wakes the waiting
+/// Services (§4.6) that what it freed may serve, and those any release may
+/// (§4.9).
+fn plan_delete(state: &mut State, key: &str) -> Plan {
+    let released = state.allocator.release(key);
+    state.last_warning.remove(key);
+    state.owed_clears.remove(key);
+    let mut outcome = SyncOutcome::success();
+    outcome.wake_waiting = true;
+    outcome.freed = freed(&state.allocator, released.as_ref(), None);
+    Plan::done(outcome)
+}
+
+/// The sharing key and ports a Service holds its addresses with.
+fn sharing_of(allocator: &Allocator, key: &str) -> Option<(String, Vec<Port>)> {
+    allocator
+        .sharing_of(key)
+        .map(|(sharing, ports)| (sharing.to_owned(), ports.to_vec()))
+}
+
+/// Announces a failure once, not on every reconciliation (§4.7): pushes
+/// its Warning unless the same one was the last; returns whether it did.
+fn announce_warning(
+    state: &mut State,
+    key: &str,
+    service: &Service,
+    outcome: &Outcome,
+    events: &mut Vec<Event>,
+) -> bool {
+    let warning = match outcome {
+        Outcome::Fails(failure) => failed_event(key, &failure.detail()),
+        Outcome::Invalid(reason) => invalid_event(reason),
+        Outcome::Holds { .. } => {
+            state.last_warning.remove(key);
+            return false;
+        }
+    };
+    let uid = service.metadata.uid.clone().unwrap_or_default();
+    let signature = (uid, warning.reason.clone(), warning.message.clone());
+    if state.last_warning.get(key) == Some(&signature) {
+        return false;
+    }
+    state.last_warning.insert(key.to_owned(), signature);
+    events.push(warning);
+    true
+}
+
+/// The write that makes the Service show `after`, if it does not already.
+fn desired_write(service: &Service, after: Option<&AllocatorHolding>) -> Option<ServiceWrite> {
+    let desired = ServiceWrite {
+        ingress: after.map(|h| h.ips.clone()).unwrap_or_default(),
+        pool: after.map(|h| h.pool.clone()),
+    };
+    let shows = status_shows(service, &desired.ingress)
+        && pool_annotation(service) == desired.pool.as_deref();
+    (!shows).then_some(desired)
+}
+
+/// One event per write naming every old-prefix annotation in effect.
+fn deprecated_event(deprecated: &[&str]) -> Event {
+    let advice: Vec<String> = deprecated
+        .iter()
+        .map(|old| {
+            let new = old.replace("metallb.universe.tf/", "metallb.io/");
+            format!("annotation {old:?} is deprecated, use {new:?}")
+        })
+        .collect();
+    event(
+        EventType::Warning,
+        reason::DEPRECATED_ANNOTATION,
+        advice.join("; "),
+    )
+}
+
+/// What one reconciliation changed of a Service's holding.
+struct Change<'a> {
+    before: Option<&'a AllocatorHolding>,
+    after: Option<&'a AllocatorHolding>,
+    sharing_before: Option<(String, Vec<Port>)>,
+}
+
+/// What the manager must do after a decision: wait (and for what), wake
+/// the waiting that a release may serve (§4.6), reconsider the others on
+/// an address whose holder changed its sharing key or ports.
+fn sync_outcome(
+    allocator: &Allocator,
+    key: &str,
+    view: &ServiceView<'_>,
+    decided: &Outcome,
+    change: &Change<'_>,
+) -> SyncOutcome {
+    let mut outcome = match decided {
+        Outcome::Holds {
+            waits_for_family: true,
+            ..
+        } => {
+            let mut outcome = SyncOutcome::new(SyncState::Waiting);
+            (outcome.waiting_class, outcome.wake_on) = half_served_wait(allocator, view, key);
+            outcome
+        }
+        Outcome::Holds { .. } => SyncOutcome::success(),
+        Outcome::Invalid(_) => SyncOutcome::new(SyncState::Invalid),
+        Outcome::Fails(failure) => {
+            let mut outcome = SyncOutcome::new(SyncState::Waiting);
+            (outcome.waiting_class, outcome.wake_on) = failure_wait(failure, view, key);
+            outcome
+        }
+    };
+    let released_any = change.before.is_some_and(|b| {
+        b.ips
+            .iter()
+            .any(|ip| !change.after.is_some_and(|a| a.ips.contains(ip)))
+    });
+    outcome.wake_waiting = released_any;
+    outcome.freed = freed(allocator, change.before, change.after);
+    if let (Some(before), Some(sharing_before)) = (change.before, &change.sharing_before) {
+        if sharing_of(allocator, key).as_ref() != Some(sharing_before) {
+            let others = others_on(allocator, key, before);
+            if !others.is_empty() {
+                outcome.reconsider = Reconsider::Keys(others);
+            }
+        }
+    }
+    outcome
+}
+
+/// The class and wake of a Service that failed (see [`demand_class`] and
+/// [`wake_on_failure`]).
+fn failure_wait(
+    failure: &Failure,
+    view: &ServiceView<'_>,
+    key: &str,
+) -> (Option<u64>, Option<Vec<WakeOn>>) {
+    match failure {
+        // No delete can ever help: one class for all of them, woken by no
+        // release.
+        Failure::NoClusterIp => (Some(class_of(&"no cluster IP")), Some(Vec::new())),
+        Failure::Allocation(error) => {
+            let Some(families) = view.families else {
+                return (None, None);
+            };
+            let requested = view.requested.as_deref().unwrap_or_default();
+            let request = view.request(key, families, &NO_LABELS, requested);
+            (
+                demand_class(error, &request),
+                wake_on_failure(error, &request),
+            )
+        }
+    }
 }
 
 /// What releasing `before` (keeping `after`) freed: each address no
@@ -820,22 +812,22 @@ fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<Wake
 /// can end its wait, and all such Services in one pool fail alike.
 fn half_served_wait(
     allocator: &Allocator,
-    request: &Request<'_>,
+    view: &ServiceView<'_>,
     key: &str,
 ) -> (Option<u64>, Option<Vec<WakeOn>>) {
     let Some((pool, [ip])) = allocator.held(key) else {
         return (None, None);
     };
     let missing = Family::of(*ip).other();
-    if !request.sharing_key.is_empty() {
-        let mut ports = request.ports.to_vec();
+    if !view.sharing_key.is_empty() {
+        let mut ports = view.ports.to_vec();
         ports.sort();
         let class = class_of(&(
             "half-served",
             pool,
             format!("{missing}"),
-            request.sharing_key,
-            request.backend_key,
+            view.sharing_key,
+            &*view.backend_key,
             ports,
         ));
         return (Some(class), None);

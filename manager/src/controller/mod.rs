@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::{Namespace, Service};
 use subscriber::IPAddressPool;
 
 mod allocating;
+mod decide;
 mod service;
 
 pub use allocating::{reason, AllocatingController, ControllerConfig, ControllerStats, Holding};

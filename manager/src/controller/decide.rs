@@ -1,0 +1,201 @@
+//! The decision for one Service (docs/allocation.md §4.2–4.4): what it
+//! keeps, is given, releases, or why it gets nothing. No I/O and no
+//! locking: it works on the allocator value it is handed and returns a
+//! [`Decision`] whose failures are typed, so that the Event message and
+//! the condition reason come from one place.
+
+use std::net::IpAddr;
+
+use allocator::{AllocError, Allocator, FamilyPolicy, Holding, Request};
+
+use super::service::{parse_status, ServiceView};
+
+/// Why a Service has no address. Its [`Failure::reason`] is the condition
+/// reason and its [`Failure::detail`] the end of the Event message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// No cluster IP: no family to give an address of.
+    NoClusterIp,
+    /// The allocator found nothing (§4.4).
+    Allocation(AllocError),
+}
+
+impl Failure {
+    /// A stable CamelCase reason (docs/allocation.md §4.7).
+    #[allow(dead_code)] // read by the Service condition, coming next
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            Failure::NoClusterIp => "NoClusterIP",
+            Failure::Allocation(error) => match error {
+                AllocError::NoPool => "NoPoolServes",
+                AllocError::UnknownPool { .. } => "UnknownPool",
+                AllocError::PoolDoesNotServe { .. } => "PoolDoesNotServe",
+                AllocError::NoAvailable { .. } => "PoolExhausted",
+                AllocError::NotInAnyPool { .. } => "AddressOutsidePools",
+                AllocError::Avoided { .. } => "AddressAvoided",
+                AllocError::DifferentPools { .. } => "AddressesInDifferentPools",
+                AllocError::NotInRequestedPool { .. } => "AddressNotInRequestedPool",
+                AllocError::Taken {
+                    conflict: allocator::ShareConflict::InUse { .. },
+                    ..
+                } => "AddressInUse",
+                AllocError::Taken { .. } => "SharingRefused",
+                AllocError::WrongFamily { .. } | AllocError::NotRequested { .. } => "WrongFamily",
+                AllocError::NoFamilyInPool { .. } => "FamilyUnavailable",
+            },
+        }
+    }
+
+    /// What went wrong, in words.
+    pub(crate) fn detail(&self) -> String {
+        match self {
+            Failure::NoClusterIp => "the service has no cluster IP".to_owned(),
+            Failure::Allocation(error) => error.to_string(),
+        }
+    }
+}
+
+/// What became of the Service's addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// It holds addresses: `given` when some were newly given (the
+    /// holding then named in `IPAllocated`); `waits_for_family` for a
+    /// PreferDualStack Service holding one family it did not ask for alone.
+    Holds {
+        given: Option<Holding>,
+        waits_for_family: bool,
+    },
+    /// It holds nothing and waits (§4.6).
+    Fails(Failure),
+    /// The request itself is invalid (`LoadBalancerFailed`, §4.2): it keeps
+    /// what it holds and gets nothing new.
+    Invalid(String),
+}
+
+/// The decision for one Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Decision {
+    /// The status addresses were released, and why (`ClearAssignment`).
+    pub(crate) cleared: Option<String>,
+    pub(crate) outcome: Outcome,
+}
+
+/// What [`decide`] reads of one Service.
+pub(crate) struct Input<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) view: &'a ServiceView<'a>,
+    pub(crate) namespace_labels: &'a std::collections::BTreeMap<String, String>,
+    /// `status.loadBalancer.ingress[].ip` as written.
+    pub(crate) status: &'a [String],
+    /// The status addresses are stale (released when the Service stopped
+    /// being ours, their clearing not yet written): never kept.
+    pub(crate) stale_status: bool,
+}
+
+/// Decides one Service from scratch (§4.4): keep what its status holds if
+/// still allowed, else take what it asks for or the lowest fitting
+/// addresses.
+pub(crate) fn decide(allocator: &mut Allocator, input: &Input<'_>) -> Decision {
+    let Some(families) = input.view.families else {
+        return no_cluster_ip(allocator, input);
+    };
+    let (requested, invalid) = match &input.view.requested {
+        Ok(ips) => (ips.as_slice(), None),
+        Err(reason) => (&[][..], Some(reason.clone())),
+    };
+    let request = input
+        .view
+        .request(input.key, families, input.namespace_labels, requested);
+    let (kept, cleared) = keep_status(allocator, &request, input);
+    let outcome = match invalid {
+        Some(reason) => Outcome::Invalid(reason),
+        None if kept => complete(allocator, &request, families, requested),
+        None => take(allocator, &request, families, requested),
+    };
+    Decision { cleared, outcome }
+}
+
+/// §4.3: a Service with no cluster IP gets nothing and keeps nothing.
+fn no_cluster_ip(allocator: &mut Allocator, input: &Input<'_>) -> Decision {
+    allocator.release(input.key);
+    let cleared = (!input.status.is_empty()).then(|| Failure::NoClusterIp.detail());
+    let outcome = match &input.view.requested {
+        Err(reason) => Outcome::Invalid(reason.clone()),
+        Ok(_) => Outcome::Fails(Failure::NoClusterIp),
+    };
+    Decision { cleared, outcome }
+}
+
+/// §4.4 step 1: keeps the status addresses if still allowed; otherwise
+/// releases whatever is held, saying why when the status showed addresses.
+fn keep_status(
+    allocator: &mut Allocator,
+    request: &Request<'_>,
+    input: &Input<'_>,
+) -> (bool, Option<String>) {
+    if input.status.is_empty() || input.stale_status {
+        // The status lost its addresses (a failed write, or a user): start
+        // from a clean slate, as MetalLB does.
+        allocator.release(input.key);
+        return (false, None);
+    }
+    let kept = parse_status(input.status)
+        .and_then(|ips| allocator.keep(request, &ips).map_err(|e| e.to_string()));
+    match kept {
+        Ok(_) => (true, None),
+        Err(reason) => {
+            tracing::debug!(key = input.key, %reason, "held address no longer allowed");
+            allocator.release(input.key);
+            (false, Some(reason))
+        }
+    }
+}
+
+/// A PreferDualStack Service holding one family it did not ask for alone
+/// (§4.3).
+pub(crate) fn incomplete(families: FamilyPolicy, held: &[IpAddr], requested: &[IpAddr]) -> bool {
+    matches!(families, FamilyPolicy::PreferDual { .. }) && held.len() == 1 && requested.is_empty()
+}
+
+/// After keeping the status addresses: a half-served PreferDualStack
+/// Service gets its missing family if one fits (§4.3).
+fn complete(
+    allocator: &mut Allocator,
+    request: &Request<'_>,
+    families: FamilyPolicy,
+    requested: &[IpAddr],
+) -> Outcome {
+    let held = allocator.held(request.key).map(|(_, ips)| ips.to_vec());
+    if !incomplete(families, held.as_deref().unwrap_or_default(), requested) {
+        return Outcome::Holds {
+            given: None,
+            waits_for_family: false,
+        };
+    }
+    match allocator.complete_dual_stack(request) {
+        Some(holding) => Outcome::Holds {
+            given: Some(holding),
+            waits_for_family: false,
+        },
+        None => Outcome::Holds {
+            given: None,
+            waits_for_family: true,
+        },
+    }
+}
+
+/// §4.4 steps 2–4: the requested addresses, or the lowest fitting ones.
+fn take(
+    allocator: &mut Allocator,
+    request: &Request<'_>,
+    families: FamilyPolicy,
+    requested: &[IpAddr],
+) -> Outcome {
+    match allocator.allocate(request) {
+        Ok(holding) => Outcome::Holds {
+            waits_for_family: incomplete(families, &holding.ips, requested),
+            given: Some(holding),
+        },
+        Err(error) => Outcome::Fails(Failure::Allocation(error)),
+    }
+}
