@@ -5,9 +5,15 @@ use std::fmt;
 use std::net::IpAddr;
 
 use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 /// The annotation that names the pool a Service's addresses came from.
 pub const POOL_ANNOTATION: &str = "metallb.io/ip-allocated-from-pool";
+
+/// The type of the controller's condition in a Service's
+/// `status.conditions` (docs/allocation.md §4.7).
+pub const CONDITION_TYPE: &str = "metallb.io/AddressAssigned";
 
 /// The fields of a Service that the controller owns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -16,6 +22,93 @@ pub struct ServiceWrite {
     pub ingress: Vec<IpAddr>,
     /// The `metallb.io/ip-allocated-from-pool` annotation; `None` removes it.
     pub pool: Option<String>,
+    /// The [`CONDITION_TYPE`] condition; `None` removes it (a Service the
+    /// controller stopped handling). Other conditions are left as they are.
+    pub condition: Option<ServiceCondition>,
+}
+
+/// The controller's condition on a Service: whether it holds addresses,
+/// and if not, why (a stable CamelCase reason and the Event's message).
+/// The host sets `lastTransitionTime`: kept while `assigned` stays the
+/// same, now when it changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceCondition {
+    /// `status: "True"` when the Service holds addresses.
+    pub assigned: bool,
+    pub reason: String,
+    pub message: String,
+    /// The `metadata.generation` the decision saw.
+    pub observed_generation: Option<i64>,
+}
+
+impl ServiceCondition {
+    /// `"True"` or `"False"`, as Kubernetes writes a condition's status.
+    pub fn status(&self) -> &'static str {
+        if self.assigned {
+            "True"
+        } else {
+            "False"
+        }
+    }
+
+    /// The condition as the Service `service` shows it, if it does.
+    pub fn shown(service: &Service) -> Option<ServiceCondition> {
+        let shown = service
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == CONDITION_TYPE)?;
+        Some(ServiceCondition {
+            assigned: shown.status == "True",
+            reason: shown.reason.clone(),
+            message: shown.message.clone(),
+            observed_generation: shown.observed_generation,
+        })
+    }
+
+    /// Whether `service` shows exactly this condition (no write would
+    /// change it).
+    pub fn is_shown(&self, service: &Service) -> bool {
+        Self::shown(service).as_ref() == Some(self)
+    }
+
+    /// `conditions` with ours set to `condition` (or removed), the others
+    /// kept in place: `lastTransitionTime` stays while the status does,
+    /// else it is `now`.
+    pub fn merge_into(
+        condition: Option<&ServiceCondition>,
+        conditions: &mut Vec<Condition>,
+        now: &Time,
+    ) {
+        let at = conditions.iter().position(|c| c.type_ == CONDITION_TYPE);
+        let Some(condition) = condition else {
+            if let Some(at) = at {
+                conditions.remove(at);
+            }
+            return;
+        };
+        let previous = at.and_then(|at| conditions.get(at));
+        let last_transition_time = match previous {
+            Some(previous) if previous.status == condition.status() => {
+                previous.last_transition_time.clone()
+            }
+            _ => now.clone(),
+        };
+        let new = Condition {
+            type_: CONDITION_TYPE.to_owned(),
+            status: condition.status().to_owned(),
+            reason: condition.reason.clone(),
+            message: condition.message.clone(),
+            observed_generation: condition.observed_generation,
+            last_transition_time,
+        };
+        match at.and_then(|at| conditions.get_mut(at)) {
+            Some(slot) => *slot = new,
+            None => conditions.push(new),
+        }
+    }
 }
 
 /// `Normal` or `Warning`, as Kubernetes Events have it.
@@ -67,8 +160,10 @@ pub enum ClientError {
 /// Writes Service status and annotations, and emits Events.
 #[async_trait]
 pub trait Client: Send + Sync + 'static {
-    /// Sets `status.loadBalancer.ingress` and the pool annotation of the
-    /// Service `key` (`namespace/name`), touching nothing else.
+    /// Sets `status.loadBalancer.ingress`, the pool annotation and the
+    /// controller's condition of the Service `key` (`namespace/name`),
+    /// touching nothing else (other conditions stay, see
+    /// [`ServiceCondition::merge_into`]).
     async fn write_service(&self, key: &str, write: &ServiceWrite) -> Result<(), ClientError>;
     /// Emits an Event on the Service `key`.
     async fn emit_event(&self, key: &str, event: &Event) -> Result<(), ClientError>;

@@ -11,7 +11,10 @@ mod controller;
 mod manager;
 mod store;
 
-pub use client::{Client, ClientError, Event, EventType, ServiceWrite, POOL_ANNOTATION};
+pub use client::{
+    Client, ClientError, Event, EventType, ServiceCondition, ServiceWrite, CONDITION_TYPE,
+    POOL_ANNOTATION,
+};
 pub use controller::{
     reason, AllocatingController, Controller, ControllerConfig, ControllerStats, Holding,
     Reconsider, RestoreOutcome, SyncOutcome, SyncState, WakeOn,

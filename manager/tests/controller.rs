@@ -21,9 +21,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Namespace, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use manager::{
     AllocatingController, Client, ClientError, ControllerConfig, DashMapStore, Event, EventType,
-    Manager, ManagerConfig, ServiceWrite, POOL_ANNOTATION,
+    Manager, ManagerConfig, ServiceCondition, ServiceWrite, CONDITION_TYPE, POOL_ANNOTATION,
 };
 use serde_json::{json, Value};
 use subscriber::{IPAddressPool, NamespaceHandler, PoolHandler, ServiceHandler};
@@ -39,6 +40,8 @@ enum Record {
         ingress: Vec<String>,
         pool: Option<String>,
     },
+    /// A write that changed only the controller's condition.
+    ConditionWrite { key: String },
     /// A write the client refused (failure injection).
     FailedWrite { key: String },
     Event {
@@ -102,14 +105,42 @@ impl Client for RecordingClient {
             Some(pool) => annotations.insert(POOL_ANNOTATION.into(), pool.clone()),
             None => annotations.remove(POOL_ANNOTATION),
         };
+        let status = new.status.get_or_insert_with(Default::default);
+        let mut conditions = status.conditions.take().unwrap_or_default();
+        let epoch = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        ServiceCondition::merge_into(write.condition.as_ref(), &mut conditions, &epoch);
+        status.conditions = (!conditions.is_empty()).then_some(conditions);
         self.store
             .services
             .insert(key.into(), Arc::new(new.clone()));
-        self.record(Record::Write {
-            key: key.into(),
-            ingress: write.ingress.iter().map(IpAddr::to_string).collect(),
-            pool: write.pool.clone(),
-        });
+        let ingress_of = |service: &Service| {
+            service
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.clone())
+                .unwrap_or_default()
+        };
+        let same_addresses = ingress_of(&new) == ingress_of(&old)
+            && new
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(POOL_ANNOTATION))
+                == old
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(POOL_ANNOTATION));
+        if same_addresses {
+            self.record(Record::ConditionWrite { key: key.into() });
+        } else {
+            self.record(Record::Write {
+                key: key.into(),
+                ingress: write.ingress.iter().map(IpAddr::to_string).collect(),
+                pool: write.pool.clone(),
+            });
+        }
         let manager = self.manager.lock().unwrap().clone();
         if let Some(manager) = manager {
             manager.on_update_service(&old, &new).await.unwrap();
@@ -288,9 +319,20 @@ impl Svc {
         self.set(&["status", "loadBalancer", "ingress"], json!(ingress))
     }
 
-    /// What a previous run of the controller wrote: status and pool annotation.
+    /// What a previous run of the controller wrote: status, pool annotation
+    /// and condition.
     fn held(self, ips: &[&str], pool: &str) -> Self {
-        self.status(ips).ann(POOL_ANNOTATION, pool)
+        let quoted: Vec<String> = ips.iter().map(|ip| format!("{ip:?}")).collect();
+        let condition = json!([{
+            "type": CONDITION_TYPE,
+            "status": "True",
+            "reason": "Assigned",
+            "message": format!("Assigned IP [{}]", quoted.join(" ")),
+            "lastTransitionTime": "2024-01-01T00:00:00Z",
+        }]);
+        self.status(ips)
+            .ann(POOL_ANNOTATION, pool)
+            .set(&["status", "conditions"], condition)
     }
 
     fn build(&self) -> Service {
@@ -514,6 +556,16 @@ impl Harness {
 
     /// `"10.0.0.1 fd00::1 @pool"` from the Service's status and pool
     /// annotation, `"none"` when it has neither.
+    /// The controller's condition as `"Status Reason: message"`, or
+    /// `"none"`.
+    fn condition(&self, key: &str) -> String {
+        let service = self.service(key).expect("no such service");
+        match ServiceCondition::shown(&service) {
+            Some(c) => format!("{} {}: {}", c.status(), c.reason, c.message),
+            None => "none".to_owned(),
+        }
+    }
+
     fn status(&self, key: &str) -> String {
         let service = self.service(key).expect("no such service");
         let ips: Vec<String> = service
@@ -591,14 +643,16 @@ fn writes(records: &[Record]) -> Vec<String> {
         .collect()
 }
 
-/// Writes and events, compactly, in order.
+/// Address writes and events, compactly, in order (writes of the
+/// condition alone are checked by the condition tests).
 fn log(records: &[Record]) -> Vec<String> {
     records
         .iter()
-        .map(|r| match r {
-            Record::Write { .. } => writes(std::slice::from_ref(r)).remove(0),
-            Record::FailedWrite { key } => format!("{key} <- FAILED"),
-            Record::Event { .. } => events(std::slice::from_ref(r)).remove(0),
+        .filter_map(|r| match r {
+            Record::Write { .. } => writes(std::slice::from_ref(r)).pop(),
+            Record::FailedWrite { key } => Some(format!("{key} <- FAILED")),
+            Record::Event { .. } => events(std::slice::from_ref(r)).pop(),
+            Record::ConditionWrite { .. } => None,
         })
         .collect()
 }
@@ -2644,5 +2698,161 @@ mod cost {
         // A change that moves addresses still reconsiders their holders.
         h.pool("a", addrs(&["10.0.0.0/24"])).await;
         assert_eq!(h.status("ns/s0"), "10.0.0.0 @a");
+    }
+}
+
+/// docs/allocation.md §4.7: the `metallb.io/AddressAssigned` condition, one
+/// reason per outcome, the message being the Event's.
+mod s4_7_conditions {
+    use super::*;
+
+    fn reason_of(h: &Harness, key: &str) -> String {
+        let condition = h.condition(key);
+        condition.split(':').next().unwrap_or_default().to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_reason_for_every_outcome() {
+        let h = Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1-10.0.0.2"])),
+            (
+                "buggy",
+                json!({"addresses": ["10.0.1.0/24"], "avoidBuggyIPs": true, "autoAssign": false}),
+            ),
+            (
+                "pinned",
+                json!({"addresses": ["10.0.2.0/30"], "serviceAllocation": {"namespaces": ["other"]}}),
+            ),
+        ])
+        .await;
+        h.add(svc("ns/ok").shared("k").ports(&[("TCP", 80)])).await;
+        h.add(svc("ns/second")).await;
+        h.add(svc("ns/full")).await;
+        h.add(svc("ns/unknown").in_pool("nope")).await;
+        h.add(svc("ns/not-served").in_pool("pinned")).await;
+        h.add(svc("ns/outside").request("10.9.9.9")).await;
+        h.add(svc("ns/avoided").request("10.0.1.0")).await;
+        h.add(svc("ns/in-use").request("10.0.0.2")).await;
+        h.add(
+            svc("ns/refused")
+                .request("10.0.0.1")
+                .shared("k")
+                .ports(&[("TCP", 80)]),
+        )
+        .await;
+        h.add(svc("ns/family").request("fd00::1")).await;
+        h.add(svc("ns/no-v6").v6().in_pool("buggy")).await;
+        h.add(svc("ns/headless").headless()).await;
+        h.add(svc("ns/invalid").request("x")).await;
+        let expected = [
+            ("ns/ok", "True Assigned"),
+            ("ns/second", "True Assigned"),
+            ("ns/full", "False PoolExhausted"),
+            ("ns/unknown", "False UnknownPool"),
+            ("ns/not-served", "False PoolDoesNotServe"),
+            ("ns/outside", "False AddressOutsidePools"),
+            ("ns/avoided", "False AddressAvoided"),
+            ("ns/in-use", "False AddressInUse"),
+            ("ns/refused", "False SharingRefused"),
+            ("ns/family", "False WrongFamily"),
+            ("ns/no-v6", "False FamilyUnavailable"),
+            ("ns/headless", "False NoClusterIP"),
+            ("ns/invalid", "False InvalidRequest"),
+        ];
+        for (key, reason) in expected {
+            assert_eq!(reason_of(&h, key), reason, "{key}: {}", h.condition(key));
+        }
+        // The message is the Event's.
+        assert_eq!(
+            h.condition("ns/full"),
+            "False PoolExhausted: Failed to allocate IP for \"ns/full\": \
+             no available IPs: no pool has an IPv4 address free (tried a)"
+        );
+        assert_eq!(
+            h.condition("ns/ok"),
+            "True Assigned: Assigned IP [\"10.0.0.1\"]"
+        );
+        // A Service with no pool serving it at all.
+        let h = Harness::with_pools(&[(
+            "pinned",
+            json!({"addresses": ["10.0.2.0/30"], "serviceAllocation": {"namespaces": ["other"]}}),
+        )])
+        .await;
+        h.add(svc("ns/none")).await;
+        assert_eq!(reason_of(&h, "ns/none"), "False NoPoolServes");
+    }
+
+    #[tokio::test]
+    async fn other_conditions_stay_and_ours_goes_when_the_service_stops_being_ours() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.2"]))]).await;
+        let theirs = json!([{
+            "type": "example.com/Ready",
+            "status": "True",
+            "reason": "Fine",
+            "message": "theirs",
+            "lastTransitionTime": "2024-01-01T00:00:00Z",
+        }]);
+        h.add(svc("ns/a").set(&["status", "conditions"], theirs))
+            .await;
+        let types = |h: &Harness| -> Vec<String> {
+            let service = h.service("ns/a").unwrap();
+            let conditions = service.status.as_ref().unwrap().conditions.clone();
+            conditions
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| c.type_)
+                .collect()
+        };
+        assert_eq!(types(&h), ["example.com/Ready", CONDITION_TYPE]);
+        h.edit("ns/a", |s| s.kind("ClusterIP")).await;
+        assert_eq!(types(&h), ["example.com/Ready"]);
+        assert_eq!(h.status("ns/a"), "none");
+    }
+
+    #[tokio::test]
+    async fn the_transition_time_moves_only_when_the_status_does() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1"]))]).await;
+        h.add(svc("ns/holder")).await;
+        h.add(svc("ns/w")).await;
+        let condition = |h: &Harness| {
+            let service = h.service("ns/w").unwrap();
+            service
+                .status
+                .as_ref()
+                .unwrap()
+                .conditions
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|c| c.type_ == CONDITION_TYPE)
+                .cloned()
+                .unwrap()
+        };
+        let first = condition(&h);
+        assert_eq!(first.status, "False");
+        // Another failure, same status: the time stays (the harness writes
+        // every change at the epoch, so change it by hand first).
+        h.edit("ns/w", |s| {
+            let mut s = s;
+            s.0["status"]["conditions"][0]["lastTransitionTime"] = json!("2020-01-01T00:00:00Z");
+            s.in_pool("gone")
+        })
+        .await;
+        let second = condition(&h);
+        assert_eq!(second.reason, "UnknownPool");
+        assert_eq!(
+            second.last_transition_time.0.to_string(),
+            "2020-01-01T00:00:00Z"
+        );
+        // Assigned at last: the status changes, so does the time.
+        h.edit("ns/w", |s| s.no_ann("metallb.io/address-pool"))
+            .await;
+        h.delete("ns/holder").await;
+        let third = condition(&h);
+        assert_eq!(third.status, "True");
+        assert_ne!(
+            third.last_transition_time.0.to_string(),
+            "2020-01-01T00:00:00Z"
+        );
     }
 }

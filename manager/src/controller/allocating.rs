@@ -27,7 +27,7 @@ use super::service::{
     status_texts, ServiceView, NO_LABELS,
 };
 use super::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState, WakeOn};
-use crate::client::{Client, Event, EventType, ServiceWrite};
+use crate::client::{Client, Event, EventType, ServiceCondition, ServiceWrite};
 use crate::store::Store;
 
 /// See the manager's: the cluster's own names as keys.
@@ -40,6 +40,10 @@ pub mod reason {
     pub const LOAD_BALANCER_FAILED: &str = "LoadBalancerFailed";
     pub const CLEAR_ASSIGNMENT: &str = "ClearAssignment";
     pub const DEPRECATED_ANNOTATION: &str = "DeprecatedAnnotation";
+    /// The condition's reason while a Service holds addresses.
+    pub const ASSIGNED: &str = "Assigned";
+    /// The condition's reason for an invalid request (`LoadBalancerFailed`).
+    pub const INVALID_REQUEST: &str = "InvalidRequest";
 }
 
 /// How the controller is set up.
@@ -134,9 +138,16 @@ impl State {
         let Some((pool, ips)) = self.allocator.held(key) else {
             return false;
         };
+        let condition = ServiceCondition {
+            assigned: true,
+            reason: reason::ASSIGNED.to_owned(),
+            message: format!("Assigned IP {}", quoted(ips)),
+            observed_generation: service.metadata.generation,
+        };
         !incomplete(families, ips, requested)
             && pool_annotation(service) == Some(pool)
             && status_shows(service, ips)
+            && condition.is_shown(service)
     }
 }
 
@@ -374,8 +385,14 @@ impl AllocatingController {
         }
         let warned = announce_warning(state, key, service, &decision.outcome, &mut events);
         let after = state.allocator.holding(key);
-        let write = desired_write(service, after.as_ref());
-        if write.is_some() && !view.deprecated.is_empty() {
+        let condition = condition_for(key, service, &decision.outcome, after.as_ref());
+        let write = desired_write(service, after.as_ref(), condition);
+        // Announced with a write of the addresses or pool (§4.2), not of
+        // the condition alone.
+        let moves = write.as_ref().is_some_and(|w| {
+            !status_shows(service, &w.ingress) || pool_annotation(service) != w.pool.as_deref()
+        });
+        if moves && !view.deprecated.is_empty() {
             events.push(deprecated_event(&view.deprecated));
         }
         let changed = Change {
@@ -404,7 +421,8 @@ impl AllocatingController {
         // another class belongs to its own host.
         let is_load_balancer =
             service.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer");
-        let ours_written = pool_annotation(service).is_some();
+        let ours_written =
+            pool_annotation(service).is_some() || ServiceCondition::shown(service).is_some();
         let anything_written = ours_written || status_texts(service).next().is_some();
         if released.is_some() && anything_written {
             state.owed_clears.insert(key.to_owned());
@@ -570,15 +588,51 @@ fn announce_warning(
     true
 }
 
-/// The write that makes the Service show `after`, if it does not already.
-fn desired_write(service: &Service, after: Option<&AllocatorHolding>) -> Option<ServiceWrite> {
-    let desired = ServiceWrite {
+/// The write that makes the Service show `after` and `condition`, if it
+/// does not already.
+fn desired_write(
+    service: &Service,
+    after: Option<&AllocatorHolding>,
+    condition: ServiceCondition,
+) -> Option<ServiceWrite> {
+    let shows = status_shows(service, after.map_or(&[], |h| &h.ips))
+        && pool_annotation(service) == after.map(|h| h.pool.as_str())
+        && condition.is_shown(service);
+    (!shows).then(|| ServiceWrite {
         ingress: after.map(|h| h.ips.clone()).unwrap_or_default(),
         pool: after.map(|h| h.pool.clone()),
+        condition: Some(condition),
+    })
+}
+
+/// The Service's condition for a decision (docs/allocation.md §4.7): True
+/// while it holds addresses, else False with the failure's reason, the
+/// message being the Event's.
+fn condition_for(
+    key: &str,
+    service: &Service,
+    outcome: &Outcome,
+    after: Option<&AllocatorHolding>,
+) -> ServiceCondition {
+    let (assigned, reason, message) = match outcome {
+        Outcome::Holds { .. } => {
+            let ips = after.map_or(&[][..], |h| &h.ips);
+            let message = format!("Assigned IP {}", quoted(ips));
+            (true, reason::ASSIGNED, message)
+        }
+        Outcome::Fails(failure) => (
+            false,
+            failure.reason(),
+            failed_event(key, &failure.detail()).message,
+        ),
+        Outcome::Invalid(why) => (false, reason::INVALID_REQUEST, invalid_event(why).message),
     };
-    let shows = status_shows(service, &desired.ingress)
-        && pool_annotation(service) == desired.pool.as_deref();
-    (!shows).then_some(desired)
+    ServiceCondition {
+        assigned,
+        reason: reason.to_owned(),
+        message,
+        observed_generation: service.metadata.generation,
+    }
 }
 
 /// One event per write naming every old-prefix annotation in effect.

@@ -22,7 +22,6 @@ pub(crate) enum Failure {
 
 impl Failure {
     /// A stable CamelCase reason (docs/allocation.md §4.7).
-    #[allow(dead_code)] // read by the Service condition, coming next
     pub(crate) fn reason(&self) -> &'static str {
         match self {
             Failure::NoClusterIp => "NoClusterIP",
