@@ -65,7 +65,7 @@ impl FailurePlan {
     /// Whether write attempt `attempt` (from 1) fails.
     fn fails(&self, attempt: u64) -> bool {
         match self.schedule {
-            Schedule::Every(n) => attempt % n == 0,
+            Schedule::Every(n) => attempt.is_multiple_of(n),
             Schedule::Seeded { seed, percent } => {
                 splitmix64(seed ^ attempt.wrapping_mul(0x9e37_79b9_7f4a_7c15)) % 100
                     < u64::from(percent)

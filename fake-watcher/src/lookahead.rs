@@ -33,11 +33,16 @@ pub(crate) enum LookaheadError {
 pub(crate) struct Lookahead {
     /// The bytes, from the start of the stream.
     pub(crate) reader: Box<dyn BufRead + Send>,
-    /// Whether they end with a SYNCED line (else they are the whole stream).
+    /// Whether they end with a SYNCED line (else they are the whole stream,
+    /// or end before a line that is too long).
     pub(crate) synced: bool,
+    /// The number of a line that passed the limit: the bytes end before it,
+    /// and reading stopped in its middle (the replay stops there).
+    pub(crate) too_long: Option<u64>,
 }
 
-/// Reads `reader` up to and including its first SYNCED line, or to its end.
+/// Reads `reader` up to and including its first SYNCED line, or to its end,
+/// or to the first line longer than `max_line_bytes`.
 pub(crate) fn read_to_synced<R: BufRead + ?Sized>(
     reader: &mut R,
     max_line_bytes: usize,
@@ -47,31 +52,36 @@ pub(crate) fn read_to_synced<R: BufRead + ?Sized>(
         memory: Vec::new(),
         file: None,
         memory_bytes,
-        failure: None,
     };
     let mut buf = Vec::new();
     let mut line: u64 = 0;
+    let mut too_long = None;
     let synced = loop {
-        let read = read_raw_line(reader, &mut buf, max_line_bytes, &mut spool);
+        let read = read_raw_line(reader, &mut buf, max_line_bytes);
         line = line.saturating_add(1);
         match read {
             Ok(RawLine::Eof) => break false,
-            Ok(RawLine::TooLong) => {}
+            Ok(RawLine::TooLong) => {
+                // Kept out of the spool: it would only be read again to be
+                // found too long again.
+                too_long = Some(line);
+                break false;
+            }
             Ok(RawLine::Line) => {
+                spool.append(&buf).map_err(LookaheadError::Spool)?;
                 if is_synced_line(&buf, line == 1) {
                     break true;
                 }
             }
-            Err(error) => {
-                return Err(match spool.failure.take() {
-                    Some(error) => LookaheadError::Spool(error),
-                    None => LookaheadError::Read { line, error },
-                })
-            }
+            Err(error) => return Err(LookaheadError::Read { line, error }),
         }
     };
     let reader = spool.into_reader().map_err(LookaheadError::Spool)?;
-    Ok(Lookahead { reader, synced })
+    Ok(Lookahead {
+        reader,
+        synced,
+        too_long,
+    })
 }
 
 /// Bytes kept in memory up to a limit, then in a temporary file.
@@ -79,8 +89,6 @@ struct Spool {
     memory: Vec<u8>,
     file: Option<BufWriter<File>>,
     memory_bytes: usize,
-    /// The spool's own failure (told apart from the stream's).
-    failure: Option<io::Error>,
 }
 
 impl Spool {
@@ -111,23 +119,6 @@ impl Spool {
                 Ok(Box::new(BufReader::with_capacity(1 << 16, file)))
             }
         }
-    }
-}
-
-impl Write for Spool {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        match self.append(data) {
-            Ok(()) => Ok(data.len()),
-            Err(error) => {
-                let kind = error.kind();
-                self.failure = Some(error);
-                Err(io::Error::new(kind, "temporary file failed"))
-            }
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
     }
 }
 
@@ -173,11 +164,22 @@ mod tests {
     }
 
     #[test]
-    fn long_lines_are_kept_whole() {
-        let text = format!("{}\n{{\"type\":\"SYNCED\"}}", "x".repeat(1000));
+    fn a_line_over_the_limit_ends_the_lookahead_there() {
+        let text = format!("# c\n{}\n{{\"type\":\"SYNCED\"}}\n", "x".repeat(1000));
         let mut reader = text.as_bytes();
         let lookahead = read_to_synced(&mut reader, 100, 100).unwrap();
-        assert!(lookahead.synced);
-        assert_eq!(read_all(lookahead, b""), text);
+        assert!(!lookahead.synced);
+        assert_eq!(lookahead.too_long, Some(2));
+        // Read one byte past the limit, which is not kept.
+        assert_eq!(reader.len(), text.len() - 4 - 101);
+        assert_eq!(read_all(lookahead, b""), "# c\n");
+    }
+
+    #[test]
+    fn endless_input_stops_the_lookahead() {
+        let mut endless = BufReader::new(io::repeat(b'x'));
+        let lookahead = read_to_synced(&mut endless, 1000, 100).unwrap();
+        assert!(!lookahead.synced);
+        assert_eq!(lookahead.too_long, Some(1));
     }
 }

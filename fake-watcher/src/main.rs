@@ -109,7 +109,7 @@ impl Reporter {
 
 impl Observer for Reporter {
     fn line(&mut self, line: u64) {
-        if self.progress && line % PROGRESS_EVERY == 0 {
+        if self.progress && line.is_multiple_of(PROGRESS_EVERY) {
             eprint!("\rreplaying: line {line}");
             let _ = io::stderr().flush();
             self.shown = true;

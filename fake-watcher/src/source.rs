@@ -13,7 +13,7 @@ use std::io::{BufRead, Read as _};
 
 use tokio::sync::mpsc;
 
-use crate::lookahead::{read_to_synced, LookaheadError};
+use crate::lookahead::{read_to_synced, Lookahead, LookaheadError};
 use crate::replay::ReplayError;
 use crate::stream::{LineError, Record, StreamError, StreamReader};
 
@@ -46,6 +46,9 @@ pub(crate) struct Reads<R: BufRead> {
 enum State<R: BufRead> {
     Start(R),
     Records(StreamReader<std::io::Chain<Box<dyn BufRead + Send>, R>>),
+    /// The looked-ahead lines, then the error of the line after them that
+    /// is too long (the stream is not read further).
+    BeforeTooLong(StreamReader<Box<dyn BufRead + Send>>, StreamError),
     Done,
 }
 
@@ -70,6 +73,23 @@ impl<R: BufRead> Iterator for Reads<R> {
                     options.max_line_bytes,
                     options.spool_memory_bytes,
                 ) {
+                    Ok(Lookahead {
+                        reader: spooled,
+                        synced,
+                        too_long: Some(line),
+                    }) => {
+                        let stream = StreamReader::new(options.file.clone(), spooled)
+                            .max_line_bytes(options.max_line_bytes);
+                        let error = StreamError {
+                            file: options.file.clone(),
+                            line,
+                            error: LineError::TooLong {
+                                limit: options.max_line_bytes,
+                            },
+                        };
+                        self.state = State::BeforeTooLong(stream, error);
+                        Some(Read::Lookahead(Ok(synced)))
+                    }
                     Ok(lookahead) => {
                         let stream =
                             StreamReader::new(options.file.clone(), lookahead.reader.chain(reader))
@@ -93,6 +113,13 @@ impl<R: BufRead> Iterator for Reads<R> {
                     Some(Read::Record(record))
                 }
                 None => Some(Read::End(stream.line())),
+            },
+            State::BeforeTooLong(mut stream, error) => match stream.next_record() {
+                Some(record) => {
+                    self.state = State::BeforeTooLong(stream, error);
+                    Some(Read::Record(record))
+                }
+                None => Some(Read::Record(Err(error))),
             },
             State::Done => None,
         }

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use manager::{ClientError, DashMapStore, ServiceWrite, POOL_ANNOTATION};
+use manager::{ClientError, DashMapStore, ServiceCondition, ServiceWrite, POOL_ANNOTATION};
 use subscriber::IPAddressPool;
 
 use crate::stream::{service_key_of, Kind, Object, ObjectRef, WatchEvent, DEFAULT_NAMESPACE};
@@ -208,8 +208,8 @@ impl ReplayStore {
     }
 
     /// The controller's write (through the in-memory client): sets
-    /// `status.loadBalancer.ingress` and the pool annotation of the Service
-    /// `key`, touching nothing else. A write that changes nothing is not
+    /// `status.loadBalancer.ingress`, the pool annotation and the
+    /// controller's condition of the Service `key`, touching nothing else. A write that changes nothing is not
     /// made (no new `resourceVersion`, no event), as on an API server.
     pub fn write_service(
         &self,
@@ -239,11 +239,29 @@ impl ReplayStore {
             .annotations
             .as_ref()
             .and_then(|annotations| annotations.get(POOL_ANNOTATION));
-        if current_ingress == ingress.as_slice() && current_pool == write.pool.as_ref() {
+        let current_conditions = old
+            .status
+            .as_ref()
+            .and_then(|status| status.conditions.as_deref())
+            .unwrap_or_default();
+        let mut conditions = current_conditions.to_vec();
+        // Ours merged on its type, the others kept (as a strategic merge
+        // patch does); the store's clock is the time of a transition.
+        let now = Time(state.clock);
+        ServiceCondition::merge_into(write.condition.as_ref(), &mut conditions, &now);
+        if current_ingress == ingress.as_slice()
+            && current_pool == write.pool.as_ref()
+            && current_conditions == conditions.as_slice()
+        {
             return Ok(Delta::Unchanged);
         }
         let mut new = Service::clone(&old);
         let status = new.status.get_or_insert_with(Default::default);
+        status.conditions = if conditions.is_empty() {
+            None
+        } else {
+            Some(conditions)
+        };
         let load_balancer = status
             .load_balancer
             .get_or_insert_with(LoadBalancerStatus::default);
@@ -871,6 +889,7 @@ mod tests {
         let write = ServiceWrite {
             ingress: vec!["192.168.1.1".parse().unwrap()],
             pool: Some("default".to_owned()),
+            ..ServiceWrite::default()
         };
         store.write_service("default/web", &write).unwrap();
         // A spec update without status: status stays; metadata replaced.
@@ -961,6 +980,7 @@ mod tests {
         let write = ServiceWrite {
             ingress: vec!["192.168.1.1".parse().unwrap(), "fc00::1".parse().unwrap()],
             pool: Some("p".to_owned()),
+            ..ServiceWrite::default()
         };
         let change = store.write_service("default/web", &write).unwrap();
         let Delta::Updated { new, .. } = change else {

@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::io::{self, BufRead, Write};
+use std::io::{self, BufRead, Read as _};
 
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use serde::de::DeserializeOwned;
@@ -15,10 +15,12 @@ use subscriber::{IPAddressPool, POOL_API_VERSION, POOL_KIND};
 
 use crate::store::StoreError;
 
-/// The longest line a stream may have, newline included (256 MiB). An API
-/// server stores objects of at most a few MiB; a longer line is an error, so
-/// that a file without newlines cannot exhaust memory.
-pub const DEFAULT_MAX_LINE_BYTES: usize = 256 << 20;
+/// The longest line a stream may have, newline included (64 MiB). An API
+/// server stores objects of at most a few MiB (etcd refuses requests over
+/// 1.5 MiB by default); a longer line is an error as soon as the limit is
+/// passed, so that input without newlines (`/dev/zero`) stops at once and
+/// cannot exhaust memory.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 64 << 20;
 
 /// The namespace of a Service that names none, as kubectl would create it.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -40,7 +42,7 @@ impl StreamError {
     /// Whether reading cannot go on after this error (the stream itself
     /// failed), even with `--keep-going`.
     pub fn is_fatal(&self) -> bool {
-        matches!(self.error, LineError::Io(_))
+        matches!(self.error, LineError::Io(_) | LineError::TooLong { .. })
     }
 }
 
@@ -50,7 +52,8 @@ pub enum LineError {
     /// The stream could not be read.
     #[error("cannot read: {0}")]
     Io(#[source] io::Error),
-    /// The line is longer than the limit.
+    /// The line is longer than the limit (found as soon as the limit is
+    /// passed; reading stops there).
     #[error("line is longer than {limit} bytes")]
     TooLong {
         /// The limit, in bytes.
@@ -395,12 +398,7 @@ impl<R: BufRead> StreamReader<R> {
     /// The next event line, `None` at the end of the stream.
     pub fn next_record(&mut self) -> Option<Result<Record, StreamError>> {
         while !self.done {
-            let read = read_raw_line(
-                &mut self.reader,
-                &mut self.buf,
-                self.max_line_bytes,
-                &mut io::sink(),
-            );
+            let read = read_raw_line(&mut self.reader, &mut self.buf, self.max_line_bytes);
             let raw = match read {
                 Ok(RawLine::Eof) => {
                     self.done = true;
@@ -415,6 +413,9 @@ impl<R: BufRead> StreamReader<R> {
             };
             self.line = self.line.saturating_add(1);
             if raw == RawLine::TooLong {
+                // Where the line ends is unknown (maybe nowhere): reading
+                // stops here, even with --keep-going.
+                self.done = true;
                 let limit = self.max_line_bytes;
                 return Some(Err(self.error(LineError::TooLong { limit })));
             }
@@ -462,56 +463,38 @@ pub(crate) enum RawLine {
     Eof,
     /// A line (with its newline, unless it is the last) is in the buffer.
     Line,
-    /// The line was longer than the limit: it was read to its end, copied,
-    /// but not kept.
+    /// The line passed the limit: reading stopped there, in the middle of
+    /// the line (endless input without a newline must not be read to its
+    /// end), and the buffer holds nothing.
     TooLong,
 }
 
-/// Reads one line into `buf` (cleared first) and copies its bytes to `copy`.
-/// A line longer than `limit` bytes is consumed without being kept.
+/// A line buffer larger than this is freed after use rather than kept for
+/// the next line (one huge line must not hold its memory to the end).
+const KEPT_BUFFER_BYTES: usize = 1 << 20;
+
+/// Reads one line into `buf` (cleared first). At the first byte past
+/// `limit` it stops and returns [`RawLine::TooLong`], the rest of the line
+/// left unread.
 pub(crate) fn read_raw_line<R: BufRead + ?Sized>(
     reader: &mut R,
     buf: &mut Vec<u8>,
     limit: usize,
-    copy: &mut dyn Write,
 ) -> io::Result<RawLine> {
-    buf.clear();
-    let mut any = false;
-    let mut too_long = false;
-    loop {
-        let available = match reader.fill_buf() {
-            Ok(available) => available,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(error) => return Err(error),
-        };
-        if available.is_empty() {
-            break;
-        }
-        any = true;
-        let (chunk, end) = match available.iter().position(|&byte| byte == b'\n') {
-            Some(at) => (available.get(..=at).unwrap_or(available), true),
-            None => (available, false),
-        };
-        copy.write_all(chunk)?;
-        if !too_long {
-            if buf.len().saturating_add(chunk.len()) > limit {
-                too_long = true;
-                *buf = Vec::new();
-            } else {
-                buf.extend_from_slice(chunk);
-            }
-        }
-        let used = chunk.len();
-        reader.consume(used);
-        if end {
-            break;
-        }
+    if buf.capacity() > KEPT_BUFFER_BYTES {
+        *buf = Vec::new();
     }
-    Ok(match (any, too_long) {
-        (false, _) => RawLine::Eof,
-        (true, true) => RawLine::TooLong,
-        (true, false) => RawLine::Line,
-    })
+    buf.clear();
+    let most = u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1);
+    let read = reader.take(most).read_until(b'\n', buf)?;
+    if read == 0 {
+        return Ok(RawLine::Eof);
+    }
+    if buf.len() > limit {
+        *buf = Vec::new();
+        return Ok(RawLine::TooLong);
+    }
+    Ok(RawLine::Line)
 }
 
 /// The text of a raw line without its line ending (and, on the first line,
@@ -845,19 +828,34 @@ mod tests {
     }
 
     #[test]
-    fn a_line_over_the_limit_is_skipped_whole() {
+    fn a_line_over_the_limit_stops_the_stream_at_the_limit() {
         let text = format!(
-            "{{\"type\":\"SYNCED\",\"pad\":\"{}\"}}\n{{\"type\":\"SYNCED\"}}\n",
+            "{{\"type\":\"SYNCED\"}}\n{{\"type\":\"SYNCED\",\"pad\":\"{}\"}}\n{{\"type\":\"SYNCED\"}}\n",
             "x".repeat(100)
         );
-        let results: Vec<_> = StreamReader::new("s", text.as_bytes())
+        let mut reader = text.as_bytes();
+        let results: Vec<_> = StreamReader::new("s", &mut reader)
             .max_line_bytes(64)
             .collect();
-        assert_eq!(
-            results[0].as_ref().unwrap_err().to_string(),
-            "s:1: line is longer than 64 bytes"
-        );
-        assert_eq!(results[1].as_ref().unwrap().line, 2);
+        assert_eq!(results.len(), 2);
+        assert_eq!(results[0].as_ref().unwrap().line, 1);
+        let error = results[1].as_ref().unwrap_err();
+        assert_eq!(error.to_string(), "s:2: line is longer than 64 bytes");
+        assert!(error.is_fatal());
+        // Reading stopped one byte past the limit, not at the line's end.
+        assert_eq!(reader.len(), text.len() - 18 - 65);
+        assert!(reader.ends_with(b"\n{\"type\":\"SYNCED\"}\n"));
+    }
+
+    #[test]
+    fn endless_input_without_a_newline_stops_at_the_limit() {
+        // An endless reader: if the limit were checked at the line's end,
+        // this would never return.
+        let endless = io::BufReader::new(io::repeat(0));
+        let mut reader = StreamReader::new("zero", endless).max_line_bytes(1 << 16);
+        let error = reader.next_record().unwrap().unwrap_err();
+        assert_eq!(error.to_string(), "zero:1: line is longer than 65536 bytes");
+        assert!(reader.next_record().is_none());
     }
 
     #[test]

@@ -227,3 +227,21 @@ default     c      <pending>     <none>   AllocationFailed
 "
     );
 }
+
+#[test]
+fn endless_input_without_a_newline_stops_at_the_line_limit() {
+    // Read to the limit (64 MiB) and no further: a line that never ends is
+    // an error at line 1, with or without --keep-going.
+    for args in [
+        &["replay", "/dev/zero"][..],
+        &["replay", "/dev/zero", "--keep-going"],
+    ] {
+        let output = run(args, None);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert_eq!(stdout(&output), "");
+        assert_eq!(
+            stderr(&output),
+            "/dev/zero:1: line is longer than 67108864 bytes\n"
+        );
+    }
+}
