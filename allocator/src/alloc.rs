@@ -1270,66 +1270,10 @@ impl Allocator {
     /// order, and the first that serves the Service and fits wins.
     fn choose_auto(&self, request: &Request<'_>) -> Result<(Arc<str>, Vec<IpAddr>), AllocError> {
         let group = group_of(request.sharing_key, request.backend_key);
-        let no_pools = BTreeSet::new();
-        let open = |family: Family| self.auto.open.get(family.index()).unwrap_or(&no_pools);
-        let stacks = |family: Family| {
-            group.as_deref().and_then(|group| {
-                self.auto
-                    .groups
-                    .get(family.index())
-                    .and_then(|groups| groups.get(group))
-            })
-        };
         for families in Self::passes(request.families) {
-            // Pools with a free address of every family of the pass, and
-            // (few) pools where the group stacks for one family and the
-            // other is free or stacked too.
-            let (with_room, mut stacking): (&BTreeSet<AutoKey>, BTreeSet<&AutoKey>) =
-                match *families {
-                    [family] => (
-                        open(*family),
-                        stacks(*family).into_iter().flatten().collect(),
-                    ),
-                    _ => {
-                        let mut stacking = BTreeSet::new();
-                        for (family, other) in [(Family::V4, Family::V6), (Family::V6, Family::V4)]
-                        {
-                            let other_stacks = stacks(other);
-                            for key in stacks(family).into_iter().flatten() {
-                                let other_ok = open(other).contains(key)
-                                    || other_stacks.is_some_and(|s| s.contains(key));
-                                if other_ok {
-                                    stacking.insert(key);
-                                }
-                            }
-                        }
-                        (&self.auto.open_both, stacking)
-                    }
-                };
-            let mut with_room = with_room.iter().peekable();
-            loop {
-                // The two sorted sources merged, lowest first.
-                let next = match (with_room.peek(), stacking.first()) {
-                    (Some(a), Some(b)) if *b < *a => stacking.pop_first(),
-                    (Some(_), _) => with_room.next(),
-                    (None, Some(_)) => stacking.pop_first(),
-                    (None, None) => break,
-                };
-                let Some(key) = next else {
-                    break;
-                };
-                stacking.remove(key);
-                self.step(1);
-                let name = &key.2;
-                let Some(state) = self.pools.get(name) else {
-                    continue;
-                };
-                if !state.pool.serves(&request.subject) {
-                    continue;
-                }
-                if let Some(ips) = self.fit_all(state, families, request) {
-                    return Ok((Arc::clone(name), ips));
-                }
+            let (with_room, stacking) = self.auto_candidates(families, group.as_deref());
+            if let Some(found) = self.first_fit_of(request, families, with_room, stacking) {
+                return Ok(found);
             }
         }
         // No pool fits: the failure names every pool tried, as the walk over
@@ -1350,6 +1294,71 @@ impl Allocator {
             return Err(AllocError::NoPool);
         }
         Err(self.no_fit(request, &serving))
+    }
+
+    /// The automatic pools that may fit `families` at once: those with a
+    /// free address of each, and (few) those where `group` stacks for one
+    /// family while the other is free or stacked too.
+    fn auto_candidates(
+        &self,
+        families: &[Family],
+        group: Option<&str>,
+    ) -> (&BTreeSet<AutoKey>, BTreeSet<&AutoKey>) {
+        static NO_POOLS: BTreeSet<AutoKey> = BTreeSet::new();
+        let open = |family: Family| self.auto.open.get(family.index()).unwrap_or(&NO_POOLS);
+        let stacks = |family: Family| {
+            group.and_then(|group| {
+                self.auto
+                    .groups
+                    .get(family.index())
+                    .and_then(|groups| groups.get(group))
+            })
+        };
+        if let [family] = *families {
+            return (open(family), stacks(family).into_iter().flatten().collect());
+        }
+        let mut stacking = BTreeSet::new();
+        for (family, other) in [(Family::V4, Family::V6), (Family::V6, Family::V4)] {
+            let other_stacks = stacks(other);
+            for key in stacks(family).into_iter().flatten() {
+                if open(other).contains(key) || other_stacks.is_some_and(|s| s.contains(key)) {
+                    stacking.insert(key);
+                }
+            }
+        }
+        (&self.auto.open_both, stacking)
+    }
+
+    /// The first of the candidates (the two sorted sets merged, lowest
+    /// first) that serves `request` and fits `families`.
+    fn first_fit_of(
+        &self,
+        request: &Request<'_>,
+        families: &[Family],
+        with_room: &BTreeSet<AutoKey>,
+        mut stacking: BTreeSet<&AutoKey>,
+    ) -> Option<(Arc<str>, Vec<IpAddr>)> {
+        let mut with_room = with_room.iter().peekable();
+        loop {
+            let key = match (with_room.peek(), stacking.first()) {
+                (Some(a), Some(b)) if *b < *a => stacking.pop_first()?,
+                (Some(_), _) => with_room.next()?,
+                (None, Some(_)) => stacking.pop_first()?,
+                (None, None) => return None,
+            };
+            stacking.remove(key);
+            self.step(1);
+            let name = &key.2;
+            let Some(state) = self.pools.get(name) else {
+                continue;
+            };
+            if !state.pool.serves(&request.subject) {
+                continue;
+            }
+            if let Some(ips) = self.fit_all(state, families, request) {
+                return Some((Arc::clone(name), ips));
+            }
+        }
     }
 
     /// The first candidate pool (in order) that satisfies the family rule of
@@ -1538,41 +1547,53 @@ impl Allocator {
             }
         }
         for (name, state) in &self.pools {
-            for family in FAMILIES {
-                let family_state = state.family(family);
-                let counted = recount.get(&(&**name, family)).copied().unwrap_or(0);
-                if family_state.used.len() != counted {
-                    problems.push(format!(
-                        "pool {name} {family}: counter {} but {counted} addresses held",
-                        family_state.used.len()
-                    ));
-                }
-                if family_state.total != state.pool.total(family) {
-                    problems.push(format!("pool {name} {family}: total is stale"));
-                }
-                let open = state.pool.ranges.iter().enumerate().filter(|(_, r)| {
-                    r.family == family && family_state.used.lowest_free(r.first, r.last).is_some()
-                });
-                let open: BTreeSet<u32> = open.filter_map(|(i, _)| u32::try_from(i).ok()).collect();
-                if open != family_state.open {
-                    problems.push(format!("pool {name} {family}: entries with room are stale"));
-                }
-                if let Some(key) = &state.auto {
-                    let booked = self
-                        .auto
-                        .open
-                        .get(family.index())
-                        .is_some_and(|set| set.contains(key));
-                    if booked != state.is_open(family) {
-                        problems.push(format!("pool {name} {family}: automatic index is stale"));
-                    }
-                }
-            }
+            self.check_pool(name, state, &recount, &mut problems);
         }
         if problems.is_empty() {
             Ok(())
         } else {
             Err(problems)
+        }
+    }
+
+    /// [`Allocator::check_invariants`] for one pool: counters equal to the
+    /// recount, totals, entries with room and the automatic index current.
+    fn check_pool(
+        &self,
+        name: &str,
+        state: &PoolState,
+        recount: &BTreeMap<(&str, Family), u128>,
+        problems: &mut Vec<String>,
+    ) {
+        for family in FAMILIES {
+            let family_state = state.family(family);
+            let counted = recount.get(&(name, family)).copied().unwrap_or(0);
+            if family_state.used.len() != counted {
+                problems.push(format!(
+                    "pool {name} {family}: counter {} but {counted} addresses held",
+                    family_state.used.len()
+                ));
+            }
+            if family_state.total != state.pool.total(family) {
+                problems.push(format!("pool {name} {family}: total is stale"));
+            }
+            let open = state.pool.ranges.iter().enumerate().filter(|(_, r)| {
+                r.family == family && family_state.used.lowest_free(r.first, r.last).is_some()
+            });
+            let open: BTreeSet<u32> = open.filter_map(|(i, _)| u32::try_from(i).ok()).collect();
+            if open != family_state.open {
+                problems.push(format!("pool {name} {family}: entries with room are stale"));
+            }
+            if let Some(key) = &state.auto {
+                let booked = self
+                    .auto
+                    .open
+                    .get(family.index())
+                    .is_some_and(|set| set.contains(key));
+                if booked != state.is_open(family) {
+                    problems.push(format!("pool {name} {family}: automatic index is stale"));
+                }
+            }
         }
     }
 }

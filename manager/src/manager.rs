@@ -416,19 +416,9 @@ impl State {
             QueueKey::Service(name) => Some(name.as_str()),
             _ => None,
         };
-        // A woken Service of a class that got an address (or is gone):
-        // the next of its class may get one too.
-        let woken = service.and_then(|name| self.woken.remove(name));
-        let still_waiting = matches!(outcome.state, SyncState::Waiting) && !deleted;
-        if let (Some((since, class)), false) = (woken, still_waiting) {
-            if let Some((next_since, next)) = self.waiting.next_in_class(class, since) {
-                if !self.woken.contains_key(&next)
-                    && !self.queued.contains(&QueueKey::Service(next.clone()))
-                {
-                    self.waking.insert(next_since, next.clone());
-                    self.woken.insert(next, (next_since, class));
-                }
-            }
+        if let Some(name) = service {
+            let still_waiting = matches!(outcome.state, SyncState::Waiting) && !deleted;
+            self.continue_class(name, still_waiting);
         }
         if let (Some(name), true) = (service, deleted) {
             self.waiting.remove(name);
@@ -438,33 +428,7 @@ impl State {
                 self.first_seen.remove(name);
             }
         }
-        match outcome.state {
-            SyncState::Retry(reason) => {
-                if let (Some(name), true, false) = (service, outcome.waiting_too, deleted) {
-                    self.wait(name, outcome.waiting_class, outcome.wake_on.clone());
-                }
-                let attempts = self.attempts.entry(key.clone()).or_insert(0);
-                let delay = config.backoff(*attempts);
-                *attempts = attempts.saturating_add(1);
-                tracing::warn!(kind = key.kind(), key = key.name(), %reason, ?delay, "retrying");
-                let now = Instant::now();
-                let year = Duration::from_secs(365 * 86_400);
-                let at = now.checked_add(delay).unwrap_or_else(|| now + year);
-                self.schedule_retry(key.clone(), at);
-            }
-            SyncState::Waiting if !deleted => {
-                self.attempts.remove(&key);
-                if let Some(name) = service {
-                    self.wait(name, outcome.waiting_class, outcome.wake_on.clone());
-                }
-            }
-            SyncState::Success | SyncState::Invalid | SyncState::Waiting => {
-                self.attempts.remove(&key);
-                if let Some(name) = service {
-                    self.waiting.remove(name);
-                }
-            }
-        }
+        self.book_state(&key, deleted, &outcome, config);
         if requeue {
             self.enqueue(key.clone());
         }
@@ -483,6 +447,67 @@ impl State {
         for other in others {
             if service != Some(other.as_str()) {
                 self.enqueue(QueueKey::Service(other));
+            }
+        }
+    }
+
+    /// A woken Service of a class that got an address (or is gone): the
+    /// next of its class may get one too.
+    fn continue_class(&mut self, name: &str, still_waiting: bool) {
+        let Some((since, class)) = self.woken.remove(name) else {
+            return;
+        };
+        if still_waiting {
+            return;
+        }
+        if let Some((next_since, next)) = self.waiting.next_in_class(class, since) {
+            if !self.woken.contains_key(&next)
+                && !self.queued.contains(&QueueKey::Service(next.clone()))
+            {
+                self.waking.insert(next_since, next.clone());
+                self.woken.insert(next, (next_since, class));
+            }
+        }
+    }
+
+    /// Books how the reconciliation of `key` ended: a retry with backoff,
+    /// waiting (§4.6), or done.
+    fn book_state(
+        &mut self,
+        key: &QueueKey,
+        deleted: bool,
+        outcome: &SyncOutcome,
+        config: &ManagerConfig,
+    ) {
+        let service = match key {
+            QueueKey::Service(name) => Some(name.as_str()),
+            _ => None,
+        };
+        match &outcome.state {
+            SyncState::Retry(reason) => {
+                if let (Some(name), true, false) = (service, outcome.waiting_too, deleted) {
+                    self.wait(name, outcome.waiting_class, outcome.wake_on.clone());
+                }
+                let attempts = self.attempts.entry(key.clone()).or_insert(0);
+                let delay = config.backoff(*attempts);
+                *attempts = attempts.saturating_add(1);
+                tracing::warn!(kind = key.kind(), key = key.name(), %reason, ?delay, "retrying");
+                let now = Instant::now();
+                let year = Duration::from_secs(365 * 86_400);
+                let at = now.checked_add(delay).unwrap_or_else(|| now + year);
+                self.schedule_retry(key.clone(), at);
+            }
+            SyncState::Waiting if !deleted => {
+                self.attempts.remove(key);
+                if let Some(name) = service {
+                    self.wait(name, outcome.waiting_class, outcome.wake_on.clone());
+                }
+            }
+            SyncState::Success | SyncState::Invalid | SyncState::Waiting => {
+                self.attempts.remove(key);
+                if let Some(name) = service {
+                    self.waiting.remove(name);
+                }
             }
         }
     }
