@@ -172,10 +172,11 @@ impl FamilyState {
         pool.ranges.get(usize::try_from(index).ok()?).copied()
     }
 
-    /// Marks `value` used and books its entry full if it is now.
-    fn take(&mut self, pool: &Pool, value: u128) {
+    /// Marks `value` used and books its entry full if it is now. Returns
+    /// whether the family just ran out of room.
+    fn take(&mut self, pool: &Pool, value: u128) -> bool {
         if !self.used.insert(value) {
-            return;
+            return false;
         }
         if let Some((index, _)) = self.rank(value) {
             let full = self
@@ -183,17 +184,23 @@ impl FamilyState {
                 .is_none_or(|r| self.used.lowest_free(r.first, r.last).is_none());
             if full {
                 self.open.remove(&index);
+                return self.open.is_empty();
             }
         }
+        false
     }
 
-    /// Marks `value` free: its entry has room.
-    fn free(&mut self, value: u128) {
+    /// Marks `value` free: its entry has room. Returns whether the family
+    /// had none before.
+    fn free(&mut self, value: u128) -> bool {
         if self.used.remove(value) {
             if let Some((index, _)) = self.rank(value) {
+                let had_none = self.open.is_empty();
                 self.open.insert(index);
+                return had_none;
             }
         }
+        false
     }
 
     /// The lowest free address in search order, with its rank.
@@ -950,8 +957,9 @@ impl Allocator {
             }
             if !still_held {
                 self.addresses.remove(&ip);
-                family_state.free(value);
-                self.update_open(&held.pool, family);
+                if family_state.free(value) {
+                    self.update_open(&held.pool, family);
+                }
             }
             if let Some(group) = group_gone {
                 self.update_group(&held.pool, family, &group);
@@ -988,9 +996,7 @@ impl Allocator {
                 Family::V4 => &mut state.families[0],
                 Family::V6 => &mut state.families[1],
             };
-            if new_address {
-                family_state.take(pool, value);
-            }
+            let ran_out = new_address && family_state.take(pool, value);
             let mut group_new = None;
             if let (Some(sharing), Some(rank)) = (&held.sharing, family_state.rank(value)) {
                 let group = match family_state.groups.get_mut(&sharing.group) {
@@ -1008,7 +1014,7 @@ impl Allocator {
                     group.add_port(rank, port);
                 }
             }
-            if new_address {
+            if ran_out {
                 self.update_open(&held.pool, family);
             }
             if let Some(group) = group_new {
@@ -1434,7 +1440,7 @@ impl Allocator {
             (free, shared) => free.or(shared),
         };
         let found = best.map(|(_, value)| value);
-        #[cfg(test)]
+        #[cfg(all(test, debug_assertions))]
         assert_eq!(
             found,
             self.lowest_fit_by_scan(state, family, request),
@@ -1445,7 +1451,7 @@ impl Allocator {
 
     /// [`Allocator::lowest_fit`] as a walk over every entry and every
     /// address of the group: what the indexes must answer.
-    #[cfg(test)]
+    #[cfg(all(test, debug_assertions))]
     fn lowest_fit_by_scan(
         &self,
         state: &PoolState,
