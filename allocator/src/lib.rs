@@ -6,7 +6,7 @@
 //! namespace and labels, families, sharing and backend keys, ports, requested
 //! pool and addresses); the allocator keeps a held address if the rules still
 //! allow it ([`Allocator::keep`]) or picks the lowest fitting one
-//! ([`Allocator::allocate`]) following DESIGN.md §4.3–4.4.
+//! ([`Allocator::allocate`]) following docs/allocation.md §4.3–4.4.
 //!
 //! Addresses of both families are `u128`s. Each pool keeps the addresses in
 //! use as coalesced runs ([`used`]), so the lowest free address is one

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use crate::addr::Family;
 use crate::pool::Subject;
 
-/// Which families a Service needs (DESIGN.md §4.3).
+/// Which families a Service needs (docs/allocation.md §4.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FamilyPolicy {
     /// One address of this family.

@@ -1,4 +1,4 @@
-//! Unit tests of the allocation rules (DESIGN.md §3, §4.3, §4.4) and
+//! Unit tests of the allocation rules (docs/allocation.md §3, §4.3, §4.4) and
 //! property tests of the invariants (§6).
 
 use std::collections::BTreeMap;

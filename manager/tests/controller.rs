@@ -1,10 +1,10 @@
 //! The Manager and the AllocatingController together, against an in-memory
 //! client that writes into the shared cache and echoes every write back as a
-//! watch would: one or more tests for every rule of DESIGN.md §4 and §5.
+//! watch would: one or more tests for every rule of docs/allocation.md §4 and §5.
 //!
 //! Each module is named after the section it covers; every step of a test
 //! waits for the manager to be idle and checks the controller's invariants
-//! (DESIGN.md §6).
+//! (docs/allocation.md §6).
 
 #![allow(
     clippy::unwrap_used,
@@ -657,7 +657,7 @@ fn log(records: &[Record]) -> Vec<String> {
         .collect()
 }
 
-// ----- DESIGN.md §4.1: which Services -----
+// ----- docs/allocation.md §4.1: which Services -----
 
 mod s4_1_which_services {
     use super::*;
@@ -776,7 +776,7 @@ mod s4_1_which_services {
     }
 }
 
-// ----- DESIGN.md §4.2: what a Service may ask for -----
+// ----- docs/allocation.md §4.2: what a Service may ask for -----
 
 mod s4_2_requests {
     use super::*;
@@ -1096,7 +1096,7 @@ mod s4_2_requests {
     }
 }
 
-// ----- DESIGN.md §4.3: address family -----
+// ----- docs/allocation.md §4.3: address family -----
 
 mod s4_3_families {
     use super::*;
@@ -1229,7 +1229,7 @@ mod s4_3_families {
     }
 }
 
-// ----- DESIGN.md §4.4: choosing addresses -----
+// ----- docs/allocation.md §4.4: choosing addresses -----
 
 mod s4_4_choosing {
     use super::*;
@@ -1615,7 +1615,7 @@ mod s4_4_choosing {
     }
 }
 
-// ----- DESIGN.md §4.5: start, sync and restart -----
+// ----- docs/allocation.md §4.5: start, sync and restart -----
 
 mod s4_5_sync {
     use super::*;
@@ -1851,7 +1851,7 @@ mod s4_5_sync {
     }
 }
 
-// ----- DESIGN.md §4.6: when things change -----
+// ----- docs/allocation.md §4.6: when things change -----
 
 mod s4_6_changes {
     use super::*;
@@ -2130,7 +2130,7 @@ mod s4_6_changes {
     }
 }
 
-// ----- DESIGN.md §4.7: what is written -----
+// ----- docs/allocation.md §4.7: what is written -----
 
 mod s4_7_writes {
     use super::*;
@@ -2342,7 +2342,7 @@ mod s4_7_writes {
     }
 }
 
-// ----- DESIGN.md §5: the manager, failures and rejected pools -----
+// ----- docs/allocation.md §5: the manager, failures and rejected pools -----
 
 mod s5_manager {
     use super::*;

@@ -1,4 +1,4 @@
-//! Reading a Service the way DESIGN.md §4.1–4.3 does: is it ours, what does
+//! Reading a Service the way docs/allocation.md §4.1–4.3 does: is it ours, what does
 //! it ask for (annotations under both prefixes), which families, ports and
 //! keys it has, and what its status holds.
 
