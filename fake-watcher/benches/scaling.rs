@@ -2023,6 +2023,8 @@ struct Measured {
     /// Process CPU seconds (every thread); a lower bound when `stopped`.
     cpu: f64,
     wall: f64,
+    /// The kernel's share of `cpu` (1/100 s resolution).
+    system: f64,
     /// Stopped at the time budget.
     stopped: bool,
     services: usize,
@@ -2061,6 +2063,7 @@ fn child_replay(args: &[String]) -> Result<()> {
     let start_hwm = peak_rss_kb()?;
     let heap_start = ALLOCATOR.allocated();
     let mut heap = HeapAtLine(heap_start);
+    let system = system_cpu_of(std::process::id());
     let cpu = process_cpu();
     let wall = Instant::now();
     let file = std::fs::File::open(path)?;
@@ -2073,6 +2076,7 @@ fn child_replay(args: &[String]) -> Result<()> {
     let json = fake_watcher::render_json(&output.result)?;
     let cpu = process_cpu().saturating_sub(cpu).as_secs_f64();
     let wall = wall.elapsed().as_secs_f64();
+    let system = system_cpu_of(std::process::id()).unwrap_or(0.0) - system.unwrap_or(0.0);
     std::hint::black_box(json);
     let services = &output.result.services;
     let served = services.iter().filter(|s| !s.ips.is_empty()).count();
@@ -2080,7 +2084,7 @@ fn child_replay(args: &[String]) -> Result<()> {
         services.iter().flat_map(|s| s.ips.iter()).collect();
     let hwm = peak_rss_kb()?;
     println!(
-        "cpu_s={cpu:.6} wall_s={wall:.6} services={} served={served} addresses={} heap_last_line={} rss_gained_kb={}",
+        "cpu_s={cpu:.6} wall_s={wall:.6} sys_s={system:.2} services={} served={served} addresses={} heap_last_line={} rss_gained_kb={}",
         services.len(),
         addresses.len(),
         heap.0.saturating_sub(heap_start),
@@ -2092,14 +2096,20 @@ fn child_replay(args: &[String]) -> Result<()> {
 /// CPU seconds of a running process, from `/proc/PID/stat` (in clock ticks
 /// of 1/100 s, Linux's USER_HZ).
 fn cpu_of(pid: u32) -> Option<f64> {
+    // After the command: state is field 3, utime 14 and stime 15.
+    Some(stat_ticks(pid, 11)? + stat_ticks(pid, 12)?)
+}
+
+/// The kernel's share of [`cpu_of`] (page faults, mapping memory).
+fn system_cpu_of(pid: u32) -> Option<f64> {
+    stat_ticks(pid, 12)
+}
+
+/// Field `at` (counted after the command) of `/proc/PID/stat`, in seconds.
+fn stat_ticks(pid: u32, at: usize) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the command: state is field 3, utime 14 and stime 15.
-    let ticks: f64 = [11, 12]
-        .iter()
-        .filter_map(|&at| fields.get(at).and_then(|v| v.parse::<f64>().ok()))
-        .sum();
+    let ticks: f64 = rest.split_whitespace().nth(at)?.parse().ok()?;
     Some(ticks / 100.0)
 }
 
@@ -2123,6 +2133,7 @@ fn replay_child(path: &Path, budget: Duration) -> Result<Measured> {
             return Ok(Measured {
                 cpu,
                 wall: start.elapsed().as_secs_f64(),
+                system: 0.0,
                 stopped: true,
                 services: 0,
                 served: 0,
@@ -2156,6 +2167,7 @@ fn replay_child(path: &Path, budget: Duration) -> Result<Measured> {
     Ok(Measured {
         cpu: field("cpu_s")?,
         wall: field("wall_s")?,
+        system: field("sys_s")?,
         stopped: false,
         services: field("services")? as usize,
         served: field("served")? as usize,
@@ -2338,8 +2350,9 @@ fn growth_scenario(
             name: shape.name.to_owned(),
             small: format!("{} {}", size_name(small), cpu_text(small_run)),
             large: format!(
-                "{large_name} {} (wall {})",
+                "{large_name} {} (sys {:.0}%, wall {})",
                 cpu_text(large_run),
+                100.0 * large_run.system / large_run.cpu.max(1e-6),
                 human(large_run.wall)
             ),
             growth: growth_text,
