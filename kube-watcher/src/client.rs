@@ -3,8 +3,16 @@
 //! the status subresource, Events through kube-runtime's recorder. Every
 //! write first asks the [`LeaderGate`]; a replica that is not leading writes
 //! nothing.
+//!
+//! Events are handed to a task of their own that publishes them one at a
+//! time, in order: the manager's worker does not wait for an Event's round
+//! trip before the next Service (Events are informative, as client-go's
+//! asynchronous recorder treats them). Their failures are logged and counted
+//! in `kube_watcher_event_errors_total`.
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -31,6 +39,17 @@ pub const CONFLICT_ATTEMPTS: u32 = 3;
 /// How long a write waits for the cache to show it.
 pub const READ_YOUR_WRITES: Duration = Duration::from_secs(2);
 
+/// How many Events may wait for the publishing task before the worker
+/// waits too.
+pub const EVENT_QUEUE: usize = 4096;
+
+/// An Event on its way to the API server.
+struct QueuedEvent {
+    key: String,
+    reference: ObjectReference,
+    event: KubeEvent,
+}
+
 /// The client the controller writes through.
 pub struct KubeClient {
     client: kube::Client,
@@ -38,6 +57,7 @@ pub struct KubeClient {
     gate: LeaderGate,
     reporter: Reporter,
     conflict_delay: Duration,
+    events: tokio::sync::mpsc::Sender<QueuedEvent>,
 }
 
 impl std::fmt::Debug for KubeClient {
@@ -87,19 +107,31 @@ fn current_pool(service: &Service) -> Option<&str> {
 impl KubeClient {
     /// A client writing through `client`, reading current objects from
     /// `store`, allowed to write while `gate` is open; Events name
-    /// `reporter` as their source.
+    /// `reporter` as their source, and their failures are counted in
+    /// `event_errors`. Starts the Event task on the current runtime; it ends
+    /// once the client is dropped and the queue is drained.
     pub fn new(
         client: kube::Client,
         store: KubeStore,
         gate: LeaderGate,
         reporter: Reporter,
+        event_errors: Arc<AtomicU64>,
     ) -> Self {
+        let (events, queue) = tokio::sync::mpsc::channel(EVENT_QUEUE);
+        tokio::spawn(publish_events(
+            queue,
+            client.clone(),
+            gate.clone(),
+            reporter.clone(),
+            event_errors,
+        ));
         Self {
             client,
             store,
             gate,
             reporter,
             conflict_delay: Duration::from_millis(50),
+            events,
         }
     }
 
@@ -246,17 +278,42 @@ impl Client for KubeClient {
             action: EVENT_ACTION.to_owned(),
             secondary: None,
         };
+        self.events
+            .send(QueuedEvent {
+                key: key.to_owned(),
+                reference,
+                event: kube_event,
+            })
+            .await
+            .map_err(|_| ClientError::Failed {
+                key: key.to_owned(),
+                message: "the Event task has stopped".to_owned(),
+            })
+    }
+}
+
+/// Publishes queued Events in order while the gate is open; counts and
+/// logs the ones that fail (dropped: Events are not retried).
+async fn publish_events(
+    mut queue: tokio::sync::mpsc::Receiver<QueuedEvent>,
+    client: kube::Client,
+    gate: LeaderGate,
+    reporter: Reporter,
+    errors: Arc<AtomicU64>,
+) {
+    while let Some(queued) = queue.recv().await {
+        if !gate.is_open() {
+            tracing::debug!(key = %queued.key, "not the leader: Event dropped");
+            continue;
+        }
         // A recorder per Event: kube's recorder folds an Event into an
         // earlier one of the same reason (keeping the earlier note), which
         // would show a stale address; each of ours is a new Event.
-        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-        recorder
-            .publish(&kube_event, &reference)
-            .await
-            .map_err(|error| ClientError::Failed {
-                key: key.to_owned(),
-                message: error.to_string(),
-            })
+        let recorder = Recorder::new(client.clone(), reporter.clone());
+        if let Err(error) = recorder.publish(&queued.event, &queued.reference).await {
+            errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(key = %queued.key, reason = %queued.event.reason, %error, "could not emit an Event");
+        }
     }
 }
 

@@ -343,6 +343,15 @@ impl Host {
         self.leader.clone()
     }
 
+    /// Whether the current term's manager was marked synced (false when
+    /// there is no term): from then on [`idle`](Host::idle) waits for its
+    /// sync passes.
+    pub fn term_synced(&self) -> bool {
+        self.current
+            .get()
+            .is_some_and(|manager| manager.is_synced())
+    }
+
     /// Resolves when the current term's manager is idle (see
     /// `Manager::idle`); at once when there is no term.
     pub async fn idle(&self) {
@@ -427,6 +436,7 @@ async fn start_term(shared: &Arc<Shared>, term: &CancellationToken) -> JoinHandl
         shared.store.clone(),
         shared.gate.clone(),
         reporter,
+        shared.metrics.event_errors(),
     ));
     let controller = Arc::new(AllocatingController::new(
         Arc::clone(&store),

@@ -16,7 +16,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
@@ -53,6 +53,9 @@ struct Source {
     leader: AtomicBool,
     synced: SyncTracker,
     lease_errors: LeaseErrorCounts,
+    /// Events the host's client could not publish (it publishes them
+    /// after the controller handed them over).
+    event_errors: Arc<AtomicU64>,
 }
 
 #[derive(Debug, Default)]
@@ -85,6 +88,7 @@ impl Metrics {
             leader: AtomicBool::new(false),
             synced,
             lease_errors: LeaseErrorCounts::default(),
+            event_errors: Arc::new(AtomicU64::new(0)),
         });
         let mut registry = Registry::default();
         registry.register_collector(Box::new(ControllerCollector(Arc::clone(&source))));
@@ -112,6 +116,11 @@ impl Metrics {
     /// The Lease failures this host counts (handed to its elector).
     pub fn lease_errors(&self) -> LeaseErrorCounts {
         self.source.lease_errors.clone()
+    }
+
+    /// The count of Events the host's client failed to publish.
+    pub fn event_errors(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.source.event_errors)
     }
 
     /// Whether every watcher finished its initial list.
@@ -208,7 +217,9 @@ impl Collector for ControllerCollector {
             &mut encoder,
             "kube_watcher_event_errors",
             "Events that could not be emitted",
-            stats.event_errors,
+            stats
+                .event_errors
+                .saturating_add(self.0.event_errors.load(Ordering::Relaxed)),
         )?;
         counter(
             &mut encoder,

@@ -188,7 +188,6 @@ where
     kind: &'static str,
     writer: Writer<K>,
     reader: Store<K>,
-    buffer: Vec<K>,
     listed: bool,
     /// Bumped after every event that changed the store.
     changed: Option<watch::Sender<u64>>,
@@ -202,7 +201,6 @@ where
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Driver")
             .field("kind", &self.kind)
-            .field("buffered", &self.buffer.len())
             .field("listed", &self.listed)
             .finish_non_exhaustive()
     }
@@ -219,7 +217,6 @@ where
             kind,
             writer,
             reader,
-            buffer: Vec::new(),
             listed: false,
             changed: None,
         }
@@ -257,16 +254,16 @@ where
         sink: &S,
     ) -> Handled {
         match event {
+            // The writer buffers the list (and forgets a partial one on a
+            // new `Init`); the driver keeps no copy of its own, so a relist
+            // of 50k Services holds each object once.
             watcher::Event::Init => {
                 tracing::debug!(kind = self.kind, "list started");
-                self.writer.apply_watcher_event(&watcher::Event::Init);
-                self.buffer.clear();
+                self.writer.apply_watcher_event(&event);
                 Handled::Buffered
             }
-            watcher::Event::InitApply(object) => {
-                self.writer
-                    .apply_watcher_event(&watcher::Event::InitApply(object.clone()));
-                self.buffer.push(object);
+            watcher::Event::InitApply(_) => {
+                self.writer.apply_watcher_event(&event);
                 Handled::Buffered
             }
             watcher::Event::InitDone => {
@@ -279,15 +276,16 @@ where
                 self.writer.apply_watcher_event(&watcher::Event::InitDone);
                 self.bump();
                 let mut before = before;
-                let mut listed = std::mem::take(&mut self.buffer);
+                // The store now holds exactly the listed objects.
+                let mut listed = self.reader.state();
                 // Oldest first (the key breaking ties), as a controller that
                 // had watched all along would have seen them, whatever order
                 // the list came in; a new leader's first-seen order is the
                 // same (see `host`).
-                listed.sort_by_cached_key(creation_order);
+                listed.sort_by_cached_key(|object| creation_order(object.as_ref()));
                 let (count, gone) = (listed.len(), before.len());
                 for object in listed {
-                    let result = match before.remove(&ObjectRef::from_obj(&object)) {
+                    let result = match before.remove(&ObjectRef::from_obj(object.as_ref())) {
                         Some(old) => sink.update(&old, &object).await,
                         None => sink.add(&object).await,
                     };

@@ -88,6 +88,12 @@ pub(crate) struct Recorded {
     pub(crate) body: Value,
     /// The `x-replica` header, if sent.
     pub(crate) replica: Option<String>,
+    /// When the stub had read the request (the host bench's clock).
+    #[allow(
+        dead_code,
+        reason = "read by benches/host.rs, which includes this file"
+    )]
+    pub(crate) at: std::time::Instant,
 }
 
 impl Recorded {
@@ -300,7 +306,7 @@ impl ApiServerStub {
 
     /// A kube client for this stub; `replica` is sent as `x-replica`.
     pub(crate) fn client(&self, replica: &str) -> kube::Client {
-        let mut config = kube::Config::new(format!("http://{}", self.addr).parse().unwrap());
+        let mut config = kube::Config::new(self.url().parse().unwrap());
         config
             .headers
             .push(("x-replica".parse().unwrap(), replica.parse().unwrap()));
@@ -308,15 +314,20 @@ impl ApiServerStub {
         kube::Client::try_from(config).unwrap()
     }
 
+    /// The stub's base URL.
+    pub(crate) fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     /// A kubeconfig that points at this stub (namespace `kube-system`).
     pub(crate) fn kubeconfig(&self) -> String {
         format!(
             "apiVersion: v1\nkind: Config\n\
-             clusters: [{{name: stub, cluster: {{server: \"http://{}\"}}}}]\n\
+             clusters: [{{name: stub, cluster: {{server: \"{}\"}}}}]\n\
              users: [{{name: stub, user: {{}}}}]\n\
              contexts: [{{name: stub, context: {{cluster: stub, user: stub, namespace: kube-system}}}}]\n\
              current-context: stub\n",
-            self.addr
+            self.url()
         )
     }
 
@@ -368,6 +379,18 @@ impl ApiServerStub {
     /// Every request so far.
     pub(crate) fn requests(&self) -> Vec<Recorded> {
         self.lock().requests.clone()
+    }
+
+    /// The requests after the one numbered `seq` (so a caller reads each
+    /// once).
+    #[allow(
+        dead_code,
+        reason = "used by benches/host.rs, which includes this file"
+    )]
+    pub(crate) fn requests_after(&self, seq: u64) -> Vec<Recorded> {
+        let state = self.lock();
+        let from = usize::try_from(seq).unwrap_or(usize::MAX);
+        state.requests.get(from..).unwrap_or_default().to_vec()
     }
 
     /// The sequence number of the last request (0: none yet).
@@ -575,6 +598,7 @@ impl Server {
             Err(_) => Bytes::new(),
         };
         let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let at = std::time::Instant::now();
         let failure = {
             let mut state = self.lock();
             let seq = state.requests.len() as u64 + 1;
@@ -586,6 +610,7 @@ impl Server {
                 content_type: content_type.clone(),
                 body: body.clone(),
                 replica,
+                at,
             });
             let failure = state
                 .failures
@@ -612,7 +637,7 @@ impl Server {
         let watching = query_param(&query, "watch").is_some_and(|w| w == "true" || w == "1");
         match (method, target) {
             (Method::GET, Target::All(kind)) if watching => self.watch(kind, &query),
-            (Method::GET, Target::All(kind)) => self.list(kind).await,
+            (Method::GET, Target::All(kind)) => self.list(kind, &query).await,
             (
                 Method::GET,
                 Target::One {
@@ -699,29 +724,61 @@ impl Server {
         }
     }
 
-    async fn list(&self, kind: Kind) -> Response<Body> {
+    /// A list, in pages of `limit` when asked (the `continue` token is
+    /// `RV:NAMESPACE/NAME` of the last item sent, and every page reports the
+    /// first page's resourceVersion, as an API server does).
+    async fn list(&self, kind: Kind, query: &str) -> Response<Body> {
         let mut changed = self.changed.subscribe();
         while self.lock().held.contains(&kind) {
             if changed.changed().await.is_err() {
                 break;
             }
         }
+        let limit: usize = query_param(query, "limit")
+            .and_then(|limit| limit.parse().ok())
+            .filter(|limit| *limit > 0)
+            .unwrap_or(usize::MAX);
+        let token = query_param(query, "continue")
+            .filter(|token| !token.is_empty())
+            .and_then(|token| {
+                let decoded = token.replace("%2F", "/").replace("%3A", ":");
+                let (rv, key) = decoded.split_once(':')?;
+                let (namespace, name) = key.split_once('/')?;
+                Some((rv.to_owned(), namespace.to_owned(), name.to_owned()))
+            });
         let state = self.lock();
-        let items: Vec<Value> = state
-            .objects
-            .iter()
-            .filter(|((k, _, _), _)| *k == kind)
-            .map(|(_, object)| object.clone())
-            .collect();
-        full(
-            StatusCode::OK,
-            &json!({
-                "apiVersion": kind.api_version(),
-                "kind": format!("{}List", kind.kind()),
-                "metadata": {"resourceVersion": state.rv.to_string()},
-                "items": items,
-            }),
-        )
+        let rv = token
+            .as_ref()
+            .map_or_else(|| state.rv.to_string(), |(rv, _, _)| rv.clone());
+        let from = match &token {
+            Some((_, namespace, name)) => {
+                std::ops::Bound::Excluded((kind, namespace.clone(), name.clone()))
+            }
+            None => std::ops::Bound::Included((kind, String::new(), String::new())),
+        };
+        let mut items: Vec<&Value> = Vec::new();
+        let mut more = None;
+        for ((k, _, _), object) in state.objects.range((from, std::ops::Bound::Unbounded)) {
+            if *k != kind {
+                break;
+            }
+            if items.len() == limit {
+                more = items
+                    .last()
+                    .map(|last| key_of(kind, last))
+                    .map(|(_, ns, n)| format!("{rv}:{ns}/{n}"));
+                break;
+            }
+            items.push(object);
+        }
+        let body = json!({
+            "apiVersion": kind.api_version(),
+            "kind": format!("{}List", kind.kind()),
+            "metadata": {"resourceVersion": rv, "continue": more},
+            "items": items,
+        });
+        drop(state);
+        full(StatusCode::OK, &body)
     }
 
     fn watch(&self, kind: Kind, query: &str) -> Response<Body> {
