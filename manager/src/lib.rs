@@ -16,8 +16,8 @@ pub use client::{
     POOL_ANNOTATION,
 };
 pub use controller::{
-    reason, AllocatingController, Controller, ControllerConfig, ControllerStats, Holding,
-    Reconsider, RestoreOutcome, SyncOutcome, SyncState, WakeOn,
+    reason, AllocatingController, Controller, ControllerConfig, ControllerStats, Reconsider,
+    RestoreOutcome, ServiceHolding, SyncOutcome, SyncState, WakeOn,
 };
 pub use manager::{Manager, ManagerConfig};
 pub use store::{DashMapStore, Store};

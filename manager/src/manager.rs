@@ -129,6 +129,23 @@ struct State {
     events: u64,
 }
 
+/// When a key is processed: in the sync pass (everything is considered
+/// next anyway, so nothing follows from it) or in the steady state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Sync,
+    Steady,
+}
+
+/// Which first pass (docs/allocation.md §4.5) runs: at sync, over every
+/// known Service, or after a pool or Namespace change, over those it may
+/// have touched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FirstPass {
+    AtSync,
+    AfterChange,
+}
+
 /// The second of the two passes (docs/allocation.md §4.5), as the first pass found
 /// it.
 #[derive(Debug, Default)]
@@ -400,14 +417,14 @@ impl State {
 
     /// Books the outcome of the in-flight `key` and queues what follows
     /// from it (`Reconsider::All` is the caller's two-pass business).
-    /// `follow` is false in the sync pass, where everything is considered
+    /// Nothing follows in the sync pass ([`Stage::Sync`]), where everything is considered
     /// next anyway.
     fn finish(
         &mut self,
         key: QueueKey,
         deleted: bool,
         outcome: SyncOutcome,
-        follow: bool,
+        stage: Stage,
         config: &ManagerConfig,
     ) {
         self.in_flight = None;
@@ -432,7 +449,7 @@ impl State {
         if requeue {
             self.enqueue(key.clone());
         }
-        if !follow {
+        if stage == Stage::Sync {
             return;
         }
         let mut others = Vec::new();
@@ -750,7 +767,7 @@ impl<C: Controller> Manager<C> {
                     .ok_or_else(|| state.retries.keys().next().map(|(at, _)| *at))
             });
             match next {
-                Ok(key) => self.process(key, true).await,
+                Ok(key) => self.process(key, Stage::Steady).await,
                 Err(deadline) => {
                     let retry = async {
                         match deadline {
@@ -774,12 +791,12 @@ impl<C: Controller> Manager<C> {
     async fn sync(&self, cancel: &CancellationToken) -> bool {
         tracing::info!("synced: applying pools and Namespaces, restoring Services");
         while let Some(key) = self.with_state(State::pop_non_service) {
-            self.process(key, false).await;
+            self.process(key, Stage::Sync).await;
             if cancel.is_cancelled() {
                 return false;
             }
         }
-        let pass = self.restore_pass(false).await;
+        let pass = self.restore_pass(FirstPass::AtSync).await;
         self.inner.controller.mark_synced();
         self.with_state(|state| {
             state.queue_second_pass(pass);
@@ -796,12 +813,12 @@ impl<C: Controller> Manager<C> {
     /// addresses (with a PreferDualStack one that kept one family and waits
     /// for the other, at its first-seen place), then those that kept theirs.
     ///
-    /// After a change (`quiet`), only the Services the change may have
+    /// After a change ([`FirstPass::AfterChange`]), only the Services the change may have
     /// touched ([`Controller::touched_by_change`]) and those that wait,
     /// retry or had an event are looked at: the others hold what the
     /// change left as it was.
-    async fn restore_pass(&self, quiet: bool) -> SecondPass {
-        let touched = if quiet {
+    async fn restore_pass(&self, pass: FirstPass) -> SecondPass {
+        let touched = if pass == FirstPass::AfterChange {
             self.inner.controller.touched_by_change()
         } else {
             None
@@ -839,7 +856,7 @@ impl<C: Controller> Manager<C> {
     }
 
     /// Reconciles `key`, which is in flight, and books the outcome.
-    async fn process(&self, key: QueueKey, follow: bool) {
+    async fn process(&self, key: QueueKey, stage: Stage) {
         let (kind, name) = (key.kind(), key.name());
         tracing::debug!(kind, key = name, "processing");
         let controller = &self.inner.controller;
@@ -868,11 +885,11 @@ impl<C: Controller> Manager<C> {
             }
         };
         tracing::debug!(kind, key = name, deleted, ?outcome, "processed");
-        let reconsider_all = follow && outcome.reconsider == Reconsider::All;
+        let reconsider_all = stage == Stage::Steady && outcome.reconsider == Reconsider::All;
         let config = &self.inner.config;
-        self.with_state(|state| state.finish(key, deleted, outcome, follow, config));
+        self.with_state(|state| state.finish(key, deleted, outcome, stage, config));
         if reconsider_all {
-            let pass = self.restore_pass(true).await;
+            let pass = self.restore_pass(FirstPass::AfterChange).await;
             self.with_state(|state| state.queue_second_pass(pass));
         }
     }

@@ -71,7 +71,7 @@ impl ControllerConfig {
 
 /// What a Service holds, as the host may show it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Holding {
+pub struct ServiceHolding {
     pub key: String,
     /// IPv4 first.
     pub ips: Vec<IpAddr>,
@@ -102,7 +102,7 @@ struct State {
     namespace_labels: HashMap<String, BTreeMap<String, String>, FastHash>,
     /// Status addresses the restore pass released and announced
     /// (`ClearAssignment`), so the second pass does not announce them again.
-    cleared: HashMap<String, Vec<String>, FastHash>,
+    announced_clears: HashMap<String, Vec<String>, FastHash>,
     /// Services that stopped being ours and whose clearing write has not
     /// gone through yet.
     owed_clears: HashSet<String, FastHash>,
@@ -117,7 +117,7 @@ impl State {
     /// reconciliation would have nothing of its own to carry out.
     fn nothing_pending(&self, key: &str) -> bool {
         !self.last_warning.contains_key(key)
-            && !self.cleared.contains_key(key)
+            && !self.announced_clears.contains_key(key)
             && !self.owed_clears.contains(key)
     }
 
@@ -263,12 +263,12 @@ impl AllocatingController {
     }
 
     /// Every Service's holding, sorted by key.
-    pub fn holdings(&self) -> Vec<Holding> {
+    pub fn holdings(&self) -> Vec<ServiceHolding> {
         self.lock()
             .allocator
             .holdings()
             .into_iter()
-            .map(|(key, h)| Holding {
+            .map(|(key, h)| ServiceHolding {
                 key,
                 ips: h.ips,
                 pool: h.pool,
@@ -349,7 +349,7 @@ impl AllocatingController {
     /// and announce about it.
     fn plan(&self, state: &mut State, key: &str, service: Option<&Service>) -> Plan {
         // Released and announced by the restore pass, if so.
-        let announced_clear = state.cleared.remove(key);
+        let announced_clear = state.announced_clears.remove(key);
         let Some(service) = service else {
             return plan_delete(state, key);
         };
@@ -499,7 +499,9 @@ impl AllocatingController {
             Err(reason) => {
                 debug!(key, %reason, "held address no longer allowed");
                 state.allocator.release(key);
-                state.cleared.insert(key.to_owned(), status_strings.clone());
+                state
+                    .announced_clears
+                    .insert(key.to_owned(), status_strings.clone());
                 (
                     RestoreOutcome::MustRelease,
                     Some(clear_event(&status_strings, &reason)),
@@ -519,7 +521,7 @@ impl AllocatingController {
                     state.last_warning.remove(key);
                 }
                 if let Some(cleared) = plan.announced_clear.clone() {
-                    state.cleared.insert(key.to_owned(), cleared);
+                    state.announced_clears.insert(key.to_owned(), cleared);
                 }
                 drop(state);
                 let mut outcome = plan.outcome;
@@ -762,7 +764,7 @@ fn touched_by(state: &State, change: &PoolChange) -> Vec<String> {
         touched.extend(state.allocator.holders_in(pool));
     }
     touched.extend(state.last_warning.keys().cloned());
-    touched.extend(state.cleared.keys().cloned());
+    touched.extend(state.announced_clears.keys().cloned());
     touched.extend(state.owed_clears.iter().cloned());
     touched
 }

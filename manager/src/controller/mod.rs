@@ -9,7 +9,9 @@ mod allocating;
 mod decide;
 mod service;
 
-pub use allocating::{reason, AllocatingController, ControllerConfig, ControllerStats, Holding};
+pub use allocating::{
+    reason, AllocatingController, ControllerConfig, ControllerStats, ServiceHolding,
+};
 
 /// What became of one reconciliation, and what the manager must do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
