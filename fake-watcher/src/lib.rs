@@ -17,6 +17,7 @@
 
 mod client;
 mod config;
+mod decode;
 mod lookahead;
 mod output;
 mod plugin;

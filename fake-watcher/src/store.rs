@@ -975,7 +975,9 @@ mod tests {
     fn controller_writes_set_status_and_annotation_and_skip_no_ops() {
         let store = ReplayStore::new();
         let mut object = service("web", json!({"type": "LoadBalancer"}));
-        object["metadata"]["annotations"] = json!({"keep": "me"});
+        // (An annotation the rules do not read is not even stored.)
+        object["metadata"]["annotations"] =
+            json!({"metallb.io/keep": "me", "example.com/dropped": "x"});
         apply(&store, added(object));
         let write = ServiceWrite {
             ingress: vec!["192.168.1.1".parse().unwrap(), "fc00::1".parse().unwrap()],
@@ -993,7 +995,7 @@ mod tests {
         );
         assert_eq!(
             json["metadata"]["annotations"],
-            json!({"keep": "me", "metallb.io/ip-allocated-from-pool": "p"})
+            json!({"metallb.io/keep": "me", "metallb.io/ip-allocated-from-pool": "p"})
         );
         assert_eq!(json["metadata"]["resourceVersion"], json!("2"));
         assert_eq!(
@@ -1006,7 +1008,10 @@ mod tests {
         };
         let json = serde_json::to_value(&*new).unwrap();
         assert_eq!(json["status"], json!({"loadBalancer": {}}));
-        assert_eq!(json["metadata"]["annotations"], json!({"keep": "me"}));
+        assert_eq!(
+            json["metadata"]["annotations"],
+            json!({"metallb.io/keep": "me"})
+        );
         assert!(matches!(
             store.write_service("default/gone", &clear),
             Err(ClientError::NotFound { .. })

@@ -8,10 +8,11 @@ use std::fmt;
 use std::io::{self, BufRead, Read as _};
 
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::value::RawValue;
 use subscriber::{IPAddressPool, POOL_API_VERSION, POOL_KIND};
+
+use crate::decode::{Header, Hint, LeanNamespace, LeanService, RefObject, Top, TypeField};
 
 use crate::store::StoreError;
 
@@ -529,39 +530,40 @@ pub(crate) fn is_synced_line(raw: &[u8], first: bool) -> bool {
     let Ok(Some(text)) = line_text(raw, first) else {
         return false;
     };
-    match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(map)) => {
-            matches!(map.get("type"), Some(Value::String(t)) if t == "SYNCED")
-        }
-        _ => false,
-    }
+    matches!(
+        serde_json::from_str::<Top<'_>>(text),
+        Ok(Top::Event { event_type: TypeField::Text(t), .. }) if t == "SYNCED"
+    )
 }
 
-/// Decodes one event line (already known not to be a comment).
+/// Decodes one event line (already known not to be a comment), building
+/// only what the replay reads (see the `decode` module).
 pub fn decode_event(text: &str) -> Result<WatchEvent, LineError> {
-    let value: Value = serde_json::from_str(text).map_err(|error| json_error(&error))?;
-    let Value::Object(mut event) = value else {
+    let top: Top<'_> = serde_json::from_str(text).map_err(|error| json_error(&error))?;
+    let Top::Event { event_type, object } = top else {
         return Err(LineError::NotAnObject);
     };
-    let event_type = match event.get("type") {
-        None | Some(Value::Null) => return Err(LineError::MissingType),
-        Some(Value::String(text)) => {
-            EventType::parse(text).ok_or_else(|| LineError::UnknownType(text.clone()))?
-        }
-        Some(_) => return Err(LineError::TypeNotString),
+    let event_type = match event_type {
+        TypeField::Missing => return Err(LineError::MissingType),
+        TypeField::Text(text) => EventType::parse(&text).ok_or(LineError::UnknownType(text))?,
+        TypeField::Other => return Err(LineError::TypeNotString),
     };
     match event_type {
         EventType::Synced => return Ok(WatchEvent::Synced),
         EventType::Bookmark => return Ok(WatchEvent::Bookmark),
         EventType::Added | EventType::Modified | EventType::Deleted => {}
     }
-    let object = match event.remove("object") {
-        None | Some(Value::Null) => return Err(LineError::MissingObject { event_type }),
-        Some(Value::Object(object)) => object,
-        Some(_) => return Err(LineError::ObjectNotAnObject),
+    let object = match object.map(RawValue::get) {
+        None | Some("null") => return Err(LineError::MissingObject { event_type }),
+        Some(object) => object,
     };
-    let api_version = type_field(&object, "apiVersion")?;
-    let kind_name = type_field(&object, "kind")?;
+    let (api_version, kind_name) = match serde_json::from_str::<Header>(object) {
+        Ok(Header::Object { api_version, kind }) => (api_version, kind),
+        Ok(Header::NotAnObject) => return Err(LineError::ObjectNotAnObject),
+        Err(error) => return Err(json_error(&error)),
+    };
+    let api_version = type_field(api_version, "apiVersion")?;
+    let kind_name = type_field(kind_name, "kind")?;
     let Some(kind) = Kind::of(&api_version, &kind_name) else {
         return Ok(WatchEvent::Skipped {
             api_version,
@@ -575,54 +577,56 @@ pub fn decode_event(text: &str) -> Result<WatchEvent, LineError> {
     })
 }
 
-/// serde_json's message without its ` at line L column C` suffix, and the column.
-fn json_error(error: &serde_json::Error) -> LineError {
+/// serde_json's message without its ` at line L column C` suffix.
+fn without_position(error: &serde_json::Error) -> String {
     let message = error.to_string();
     let suffix = format!(" at line {} column {}", error.line(), error.column());
-    let message = match message.strip_suffix(&suffix) {
+    match message.strip_suffix(&suffix) {
         Some(stripped) => stripped.to_owned(),
         None => message,
-    };
+    }
+}
+
+/// A syntax error, with its column.
+fn json_error(error: &serde_json::Error) -> LineError {
     LineError::Json {
-        message,
+        message: without_position(error),
         column: error.column(),
     }
 }
 
-fn type_field(object: &Map<String, Value>, field: &'static str) -> Result<String, LineError> {
-    match object.get(field) {
-        Some(Value::String(text)) if !text.is_empty() => Ok(text.clone()),
-        _ => Err(LineError::MissingTypeField { field }),
-    }
+fn type_field(value: Option<String>, field: &'static str) -> Result<String, LineError> {
+    value
+        .filter(|text| !text.is_empty())
+        .ok_or(LineError::MissingTypeField { field })
 }
 
 /// `namespace/name` (Services) or the name, read loosely for error messages.
-fn key_hint(kind: Kind, object: &Map<String, Value>) -> Option<String> {
-    let metadata = object.get("metadata")?.as_object()?;
-    let name = metadata.get("name")?.as_str()?;
+fn key_hint(kind: Kind, object: &str) -> Option<String> {
+    let hint: Hint = serde_json::from_str(object).ok()?;
+    let name = hint.name?;
     match kind {
         Kind::Service => {
-            let namespace = metadata
-                .get("namespace")
-                .and_then(Value::as_str)
+            let namespace = hint
+                .namespace
                 .filter(|namespace| !namespace.is_empty())
-                .unwrap_or(DEFAULT_NAMESPACE);
+                .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
             Some(format!("{namespace}/{name}"))
         }
-        Kind::Pool | Kind::Namespace => Some(name.to_owned()),
+        Kind::Pool | Kind::Namespace => Some(name),
     }
 }
 
-fn decode_as<T: DeserializeOwned>(kind: Kind, object: Map<String, Value>) -> Result<T, LineError> {
-    let key = key_hint(kind, &object);
-    serde_path_to_error::deserialize(Value::Object(object)).map_err(|error| {
+fn decode_as<'de, T: Deserialize<'de>>(kind: Kind, object: &'de str) -> Result<T, LineError> {
+    let mut deserializer = serde_json::Deserializer::from_str(object);
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
         let path = error.path().to_string();
         let path = if path == "." { String::new() } else { path };
         LineError::Shape {
             kind,
-            key,
+            key: key_hint(kind, object),
             path,
-            message: error.into_inner().to_string(),
+            message: without_position(error.inner()),
         }
     })
 }
@@ -653,11 +657,11 @@ fn no_slash(kind: Kind, field: &'static str, value: &str) -> Result<(), LineErro
     Ok(())
 }
 
-fn decode_object(kind: Kind, object: Map<String, Value>) -> Result<Object, LineError> {
+fn decode_object(kind: Kind, object: &str) -> Result<Object, LineError> {
     match kind {
         Kind::Service => {
-            let has_status = object.contains_key("status");
-            let mut service: Service = decode_as(kind, object)?;
+            let lean: LeanService = decode_as(kind, object)?;
+            let (mut service, has_status) = lean.into_service();
             require_name(kind, service.metadata.name.as_deref())?;
             check_namespace(kind, service.metadata.namespace.as_deref())?;
             let namespace = &mut service.metadata.namespace;
@@ -675,34 +679,17 @@ fn decode_object(kind: Kind, object: Map<String, Value>) -> Result<Object, LineE
             Ok(Object::Pool(Box::new(pool)))
         }
         Kind::Namespace => {
-            let namespace: Namespace = decode_as(kind, object)?;
+            let lean: LeanNamespace = decode_as(kind, object)?;
+            let namespace = lean.into_namespace();
             require_name(kind, namespace.metadata.name.as_deref())?;
             Ok(Object::Namespace(Box::new(namespace)))
         }
     }
 }
 
-/// What a DELETED event needs of its object; the rest may be anything.
-#[derive(Deserialize)]
-struct RefObject {
-    #[serde(default)]
-    metadata: Option<RefMetadata>,
-}
-
-#[derive(Deserialize)]
-struct RefMetadata {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    namespace: Option<String>,
-}
-
-fn decode_ref(kind: Kind, object: Map<String, Value>) -> Result<ObjectRef, LineError> {
+fn decode_ref(kind: Kind, object: &str) -> Result<ObjectRef, LineError> {
     let decoded: RefObject = decode_as(kind, object)?;
-    let metadata = decoded.metadata.unwrap_or(RefMetadata {
-        name: None,
-        namespace: None,
-    });
+    let metadata = decoded.metadata.unwrap_or_default();
     require_name(kind, metadata.name.as_deref())?;
     check_namespace(kind, metadata.namespace.as_deref())?;
     let namespace = match kind {
@@ -809,6 +796,61 @@ mod tests {
                 "stream.jsonl:18: Service has no metadata.name",
                 "stream.jsonl:19: Namespace \"x\" does not decode: metadata.labels: invalid type: sequence, expected a map",
                 "stream.jsonl:20: not JSON: EOF while parsing a string at column 22",
+            ]
+        );
+    }
+
+    #[test]
+    fn fields_not_read_are_checked_for_their_type_and_dropped() {
+        let service = |metadata: &str, spec: &str| {
+            format!(
+                "{{\"type\":\"ADDED\",\"object\":{{\"apiVersion\":\"v1\",\"kind\":\"Service\",\"metadata\":{{\"name\":\"web\"{metadata}}},\"spec\":{{\"type\":\"LoadBalancer\"{spec}}}}}}}\n"
+            )
+        };
+        let text = [
+            service(
+                ",\"managedFields\":[{\"manager\":\"kubectl\"}],\"labels\":{\"app\":\"web\"},\
+                 \"annotations\":{\"metallb.io/address-pool\":\"p\",\"io.cilium/lb-ipam-ips\":\"10.0.0.1\",\
+                 \"kubectl.kubernetes.io/last-applied-configuration\":\"{}\"},\"name\":\"web\"",
+                ",\"ports\":[{\"name\":\"http\",\"port\":80,\"nodePort\":30080,\"targetPort\":\"http\"}],\
+                 \"sessionAffinity\":\"None\",\"type\":\"LoadBalancer\"",
+            ),
+            service(",\"managedFields\":\"x\"", ""),
+            service("", ",\"ports\":[{\"port\":80,\"nodePort\":\"x\"}]"),
+            service("", ",\"externalIPs\":{}"),
+            service(",\"annotations\":{\"example.com/a\":5}", ""),
+        ]
+        .concat();
+        let results: Vec<_> = StreamReader::new("s", text.as_bytes()).collect();
+        let Ok(Record {
+            event: WatchEvent::Added(Object::Service { service, .. }),
+            ..
+        }) = &results[0]
+        else {
+            panic!("{:?}", results[0])
+        };
+        let json = serde_json::to_value(service).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"},
+                             "annotations": {"metallb.io/address-pool": "p",
+                                             "io.cilium/lb-ipam-ips": "10.0.0.1"}},
+                "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
+            })
+        );
+        let errors: Vec<String> = results[1..]
+            .iter()
+            .map(|result| result.as_ref().unwrap_err().to_string())
+            .collect();
+        assert_eq!(
+            errors,
+            [
+                "s:2: Service \"default/web\" does not decode: metadata.managedFields: invalid type: string, expected a sequence",
+                "s:3: Service \"default/web\" does not decode: spec.ports[0].nodePort: invalid type: string, expected an integer",
+                "s:4: Service \"default/web\" does not decode: spec.externalIPs: invalid type: map, expected a sequence",
+                "s:5: Service \"default/web\" does not decode: metadata.annotations.example.com/a: invalid type: integer, expected a string",
             ]
         );
     }
