@@ -59,7 +59,7 @@ const CI_HELP: &str = "usage: cargo xtask ci
 
 Runs what CI runs (.ci/run): the format check, clippy with warnings denied,
 the workspace's tests (the snapshot corpus among them, snapshots never
-written) and the quick benchmarks.
+written) and the quick benchmarks (the replay's, then the host's).
 
 options:
   -h, --help   print this help";
@@ -293,7 +293,7 @@ fn crd() -> Result<bool> {
 
 /// The steps of `.ci/run`, in its order.
 fn ci() -> Result<bool> {
-    let steps: [&[&str]; 4] = [
+    let steps: [&[&str]; 5] = [
         &["fmt", "--all", "--check"],
         &[
             "clippy",
@@ -305,6 +305,7 @@ fn ci() -> Result<bool> {
         ],
         &["test", "--workspace"],
         &["xtask", "bench", "--quick"],
+        &["xtask", "bench", "--host", "--quick"],
     ];
     for step in steps {
         let mut command = cargo();
