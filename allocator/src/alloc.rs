@@ -26,6 +26,11 @@ type FastHash = foldhash::fast::RandomState;
 
 const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
 
+// A child module, to read the private state it explains.
+#[path = "explain.rs"]
+mod explain;
+pub use explain::{Explanation, PoolVerdict, Step, Verdict};
+
 /// Addresses and pool of one Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holding {
@@ -1186,14 +1191,25 @@ impl Allocator {
     /// held. On error the Service holds nothing.
     pub fn allocate(&mut self, request: &Request<'_>) -> Result<Holding, AllocError> {
         self.release(request.key);
+        let (pool, ips) = self.choose_new(request)?;
+        Ok(self.hold(request, pool, ips))
+    }
+
+    /// §4.4 steps 2–4 without changing anything: the pool and addresses
+    /// `request` gets, its own holding aside (already released by
+    /// [`Allocator::allocate`]). Shared with `explain`.
+    pub(crate) fn choose_new(
+        &self,
+        request: &Request<'_>,
+    ) -> Result<(Arc<str>, Vec<IpAddr>), AllocError> {
         if !request.addresses.is_empty() {
             // A PreferDualStack Service may ask for one address of either
             // family, and then holds just that one (§4.2).
             let partial = matches!(request.families, FamilyPolicy::PreferDual { .. });
             let pool = self.check(request, request.addresses, partial)?;
-            return Ok(self.hold(request, pool, request.addresses.to_vec()));
+            return Ok((pool, request.addresses.to_vec()));
         }
-        let (pool, ips) = match request.pool {
+        match request.pool {
             Some(name) => {
                 let state = self
                     .pools
@@ -1207,11 +1223,10 @@ impl Allocator {
                     });
                 }
                 let candidates = [Arc::clone(&state.name)];
-                self.choose(request, &candidates)?
+                self.choose(request, &candidates)
             }
-            None => self.choose_auto(request)?,
-        };
-        Ok(self.hold(request, pool, ips))
+            None => self.choose_auto(request),
+        }
     }
 
     /// For a PreferDualStack Service holding one address it did not

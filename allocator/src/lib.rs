@@ -31,9 +31,12 @@ mod used;
 mod tests;
 
 pub use addr::Family;
-pub use alloc::{Allocator, FamilyStats, Holding, PoolChange, PoolStats, RejectedPool, Released};
+pub use alloc::{
+    Allocator, Explanation, FamilyStats, Holding, PoolChange, PoolStats, PoolVerdict, RejectedPool,
+    Released, Step, Verdict,
+};
 pub use count::AddressCount;
 pub use error::{AllocError, ShareConflict};
-pub use pool::{parse_entry, AddrRange, Pool, PoolError, ServiceAllocation, Subject};
+pub use pool::{parse_entry, AddrRange, Pool, PoolError, ServiceAllocation, Subject, Unserved};
 pub use request::{FamilyPolicy, Port, Protocol, Request};
 pub use selector::{Selector, SelectorError};

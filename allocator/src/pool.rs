@@ -106,8 +106,18 @@ pub struct Subject<'a> {
     pub namespace_labels: &'a BTreeMap<String, String>,
 }
 
+/// Which rule of a pinned pool leaves a Service out (for `explain`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unserved {
+    /// Neither `namespaces` nor `namespaceSelectors` covers its Namespace.
+    Namespace,
+    /// No `serviceSelectors` entry matches its labels.
+    ServiceSelector,
+}
+
 impl ServiceAllocation {
-    fn serves(&self, subject: &Subject<'_>) -> bool {
+    /// The first rule that leaves `subject` out, if any.
+    fn unserved(&self, subject: &Subject<'_>) -> Option<Unserved> {
         let has_namespace_rule =
             !self.namespaces.is_empty() || !self.namespace_selectors.is_empty();
         let namespace_ok = !has_namespace_rule
@@ -121,7 +131,11 @@ impl ServiceAllocation {
                 .service_selectors
                 .iter()
                 .any(|s| s.matches(subject.labels));
-        namespace_ok && service_ok
+        match (namespace_ok, service_ok) {
+            (false, _) => Some(Unserved::Namespace),
+            (true, false) => Some(Unserved::ServiceSelector),
+            (true, true) => None,
+        }
     }
 }
 
@@ -170,9 +184,14 @@ impl Pool {
 
     /// Whether the pool may give addresses to `subject` (autoAssign aside).
     pub fn serves(&self, subject: &Subject<'_>) -> bool {
+        self.unserved(subject).is_none()
+    }
+
+    /// Why the pool may not give addresses to `subject`, if it may not.
+    pub fn unserved(&self, subject: &Subject<'_>) -> Option<Unserved> {
         self.allocation
             .as_ref()
-            .is_none_or(|allocation| allocation.serves(subject))
+            .and_then(|allocation| allocation.unserved(subject))
     }
 
     /// Which addresses of `family` may be handed out.
