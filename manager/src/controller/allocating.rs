@@ -153,9 +153,9 @@ impl State {
 
 /// The controller that applies docs/allocation.md §4 on an [`Allocator`].
 pub struct AllocatingController {
-    store: Arc<dyn Store>,
+    pub(super) store: Arc<dyn Store>,
     client: Arc<dyn Client>,
-    config: ControllerConfig,
+    pub(super) config: ControllerConfig,
     state: Mutex<State>,
     reconciliations: AtomicU64,
     restores: AtomicU64,
@@ -250,6 +250,11 @@ impl AllocatingController {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Reads the allocator under the lock (for `explain`).
+    pub(super) fn read_allocator<T>(&self, read: impl FnOnce(&Allocator) -> T) -> T {
+        read(&self.lock().allocator)
     }
 
     /// Every accepted pool's counters, sorted by name.
@@ -782,7 +787,7 @@ fn others_on(allocator: &Allocator, key: &str, holding: &AllocatorHolding) -> Ve
 }
 
 /// A Namespace's labels (none when it is unknown).
-fn labels_of(namespace: &Option<Arc<Namespace>>) -> &BTreeMap<String, String> {
+pub(super) fn labels_of(namespace: &Option<Arc<Namespace>>) -> &BTreeMap<String, String> {
     namespace
         .as_ref()
         .and_then(|ns| ns.metadata.labels.as_ref())

@@ -7,11 +7,13 @@ use subscriber::IPAddressPool;
 
 mod allocating;
 mod decide;
+mod explain;
 mod service;
 
 pub use allocating::{
     reason, AllocatingController, ControllerConfig, ControllerStats, ServiceHolding,
 };
+pub use explain::{Asks, Explanation, Judgement, NotHandled, Shows};
 
 /// What became of one reconciliation, and what the manager must do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
