@@ -1,16 +1,20 @@
 //! `fake-watcher replay STREAM`: replays a recorded watch stream through the
 //! allocator plugin and prints what it would do (REPLAY.md §2).
 
+mod commands;
+
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fake_watcher::{
     load_legacy_config, render, replay_pipelined, Observer, OutputFormat, ReplayError,
     ReplayOptions, StreamError,
 };
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc, not the system allocator: a replay decodes on one thread and
@@ -23,8 +27,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const BAD_INPUT: u8 = 2;
 /// Exit status when the replay itself failed (not the input's fault).
 const FAILED: u8 = 1;
-/// Lines between two progress updates.
-const PROGRESS_EVERY: u64 = 10_000;
 
 #[derive(Parser)]
 #[command(name = "fake-watcher", version, about)]
@@ -37,6 +39,10 @@ struct Cli {
 enum Command {
     /// Replay a JSON Lines stream of watch events and print the result.
     Replay(ReplayArgs),
+    /// Explain the decision for one Service (docs/replay.md §3.1).
+    Explain(commands::ExplainArgs),
+    /// Replay, apply objects and deletions, and show what changes.
+    WhatIf(commands::WhatIfArgs),
 }
 
 #[derive(clap::Args)]
@@ -49,12 +55,19 @@ struct ReplayArgs {
     /// Load pools from a MetalLB legacy configuration file first.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Handle only Services of this spec.loadBalancerClass.
+    /// Handle only Services of this spec.loadBalancerClass (empty: only
+    /// Services without one, as without the flag).
     #[arg(long, value_name = "NAME")]
     lb_class: Option<String>,
     /// Skip bad lines (reported on stderr; exit status 2 at the end).
     #[arg(long)]
     keep_going: bool,
+    /// Show the progress line on stderr even when it is not a terminal.
+    #[arg(long, conflicts_with = "quiet")]
+    progress: bool,
+    /// Never show the progress line.
+    #[arg(long, short)]
+    quiet: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -79,6 +92,8 @@ fn main() -> ExitCode {
     init_logs();
     match cli.command {
         Command::Replay(args) => run_replay(&args),
+        Command::Explain(args) => commands::run_explain(&args),
+        Command::WhatIf(args) => commands::run_what_if(&args),
     }
 }
 
@@ -92,39 +107,132 @@ fn init_logs() {
         .init();
 }
 
-/// Reports skipped lines at once, and progress when stderr is a terminal.
+/// Reports skipped lines at once, and progress when asked to.
 struct Reporter {
-    progress: bool,
-    shown: bool,
+    progress: Option<Progress>,
+}
+
+/// The progress line: lines done, the estimated total (from the stream's
+/// size, when known), the rate and the time left.
+struct Progress {
+    bar: ProgressBar,
+    /// The stream's size in bytes, when it is a file.
+    size: Option<u64>,
+    started: Instant,
+    /// The line of the last update.
+    shown: u64,
+    /// On a pipe: plain lines instead of the bar.
+    plain: bool,
+    /// When the last plain line was printed.
+    printed: Option<Instant>,
+}
+
+/// Seconds between two plain progress lines on a pipe.
+const PLAIN_EVERY_SECONDS: u64 = 5;
+
+/// Lines between two updates of the progress line (drawing itself is rate
+/// limited by indicatif; this keeps the formatting off most lines).
+const PROGRESS_EVERY: u64 = 256;
+
+impl Progress {
+    fn new(size: Option<u64>, on_terminal: bool) -> Self {
+        // Forced on a pipe, the bar is not drawn: `update` prints a plain
+        // line now and then instead (no cursor moves in a log).
+        let target = if on_terminal {
+            ProgressDrawTarget::stderr_with_hz(4)
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        let (bar, template) = match size {
+            Some(size) => (
+                ProgressBar::with_draw_target(Some(size), target),
+                "{msg} [{bar:30}] {percent}%, {eta} left",
+            ),
+            None => (
+                ProgressBar::with_draw_target(None, target),
+                "{spinner} {msg}, {elapsed}",
+            ),
+        };
+        if let Ok(style) = ProgressStyle::with_template(template) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_message("reading the stream");
+        Self {
+            bar,
+            size,
+            started: Instant::now(),
+            shown: 0,
+            plain: !on_terminal,
+            printed: None,
+        }
+    }
+
+    fn update(&mut self, line: u64, bytes: u64) {
+        if line.saturating_sub(self.shown) < PROGRESS_EVERY {
+            return;
+        }
+        self.shown = line;
+        let seconds = self.started.elapsed().as_secs_f64();
+        let rate = if seconds > 0.0 {
+            format!(", {:.0} lines/s", line as f64 / seconds)
+        } else {
+            String::new()
+        };
+        let total = match self.size {
+            Some(size) if bytes > 0 => {
+                self.bar.set_position(bytes.min(size));
+                let estimate = (line as f64 * size as f64 / bytes as f64).round();
+                format!(" of ~{estimate:.0}")
+            }
+            _ => {
+                self.bar.tick();
+                String::new()
+            }
+        };
+        let message = format!("line {line}{total}{rate}");
+        if self.plain {
+            let due = self
+                .printed
+                .is_none_or(|printed| printed.elapsed().as_secs() >= PLAIN_EVERY_SECONDS);
+            if due {
+                self.printed = Some(Instant::now());
+                let left = match self.size {
+                    Some(_) => format!(", {}s left", self.bar.eta().as_secs()),
+                    None => String::new(),
+                };
+                eprintln!("progress: {message}{left}");
+            }
+        }
+        self.bar.set_message(message);
+    }
 }
 
 impl Reporter {
-    fn clear(&mut self) {
-        if self.shown {
-            eprint!("\r\x1b[2K");
-            self.shown = false;
+    fn finish(&mut self) {
+        if let Some(progress) = self.progress.take() {
+            progress.bar.finish_and_clear();
         }
     }
 }
 
 impl Observer for Reporter {
-    fn line(&mut self, line: u64) {
-        if self.progress && line.is_multiple_of(PROGRESS_EVERY) {
-            eprint!("\rreplaying: line {line}");
-            let _ = io::stderr().flush();
-            self.shown = true;
+    fn position(&mut self, line: u64, bytes: u64) {
+        if let Some(progress) = &mut self.progress {
+            progress.update(line, bytes);
         }
     }
 
     fn skipped(&mut self, error: &StreamError) {
-        self.clear();
-        eprintln!("{error}");
+        match &self.progress {
+            Some(progress) => progress.bar.suspend(|| eprintln!("{error}")),
+            None => eprintln!("{error}"),
+        }
     }
 }
 
 fn run_replay(args: &ReplayArgs) -> ExitCode {
     let mut options = ReplayOptions::default().keep_going(args.keep_going);
-    options.lb_class = args.lb_class.clone();
+    options.lb_class = args.lb_class.clone().filter(|class| !class.is_empty());
     if let Some(path) = &args.config {
         match load_legacy_config(path) {
             Ok(pools) => options.pools = pools,
@@ -134,27 +242,42 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
             }
         }
     }
-    let (name, reader): (String, Box<dyn BufRead + Send>) = if args.stream.as_os_str() == "-" {
+    type Stream = (String, Option<u64>, Box<dyn BufRead + Send>);
+    let (name, size, reader): Stream = if args.stream.as_os_str() == "-" {
         (
             "<stdin>".to_owned(),
+            None,
             Box::new(BufReader::with_capacity(1 << 16, io::stdin())),
         )
     } else {
         let name = args.stream.display().to_string();
         match File::open(&args.stream) {
-            Ok(file) => (name, Box::new(BufReader::with_capacity(1 << 16, file))),
+            Ok(file) => {
+                // The size of a file, not of a pipe or a device.
+                let size = file
+                    .metadata()
+                    .ok()
+                    .filter(std::fs::Metadata::is_file)
+                    .map(|metadata| metadata.len());
+                (
+                    name,
+                    size,
+                    Box::new(BufReader::with_capacity(1 << 16, file)),
+                )
+            }
             Err(error) => {
                 eprintln!("{name}: cannot open: {error}");
                 return ExitCode::from(BAD_INPUT);
             }
         }
     };
+    let on_terminal = io::stderr().is_terminal();
+    let show = !args.quiet && (args.progress || on_terminal);
     let mut reporter = Reporter {
-        progress: io::stderr().is_terminal(),
-        shown: false,
+        progress: show.then(|| Progress::new(size, on_terminal)),
     };
     let replayed = replay_pipelined(&name, reader, &options, &mut reporter);
-    reporter.clear();
+    reporter.finish();
     let output = match replayed {
         Ok(output) => output,
         Err(error) => {

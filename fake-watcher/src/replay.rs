@@ -176,8 +176,21 @@ pub enum ReplayError {
 pub trait Observer {
     /// An event line was read (before it is applied).
     fn line(&mut self, _line: u64) {}
+    /// The same, with the bytes of the stream read up to the end of the
+    /// line (for a progress estimate); calls [`Observer::line`] unless
+    /// overridden.
+    fn position(&mut self, line: u64, _bytes: u64) {
+        self.line(line);
+    }
     /// A bad line was skipped (`--keep-going`).
     fn skipped(&mut self, _error: &StreamError) {}
+    /// Line `line` is about to be applied: every line before it is
+    /// applied and, after sync, settled. For `explain` and `what-if`,
+    /// which read the plugin there.
+    fn before_line(&mut self, _line: u64, _plugin: &Plugin) {}
+    /// The whole stream is applied and settled (the result is not made
+    /// yet).
+    fn finished(&mut self, _plugin: &Plugin) {}
 }
 
 /// An [`Observer`] that does nothing.
@@ -320,7 +333,8 @@ async fn run(
             }
             Read::Lookahead(_) => continue,
         };
-        observer.line(record.line);
+        observer.position(record.line, record.bytes);
+        observer.before_line(record.line, &host.plugin);
         let event = match record.event {
             WatchEvent::Bookmark | WatchEvent::Skipped { .. } => continue,
             WatchEvent::Synced => {
@@ -359,6 +373,7 @@ async fn run(
         // Only when the looked-ahead SYNCED line was not replayed.
         host.mark_synced(last_line).await?;
     }
+    observer.finished(&host.plugin);
     output.result = host.result();
     Ok(())
 }

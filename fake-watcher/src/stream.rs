@@ -339,6 +339,9 @@ pub(crate) fn service_key_of(
 pub struct Record {
     /// The 1-based line number.
     pub line: u64,
+    /// The bytes of the stream read up to the end of this line (for
+    /// progress).
+    pub bytes: u64,
     pub event: WatchEvent,
 }
 
@@ -351,6 +354,8 @@ pub struct StreamReader<R> {
     file: String,
     reader: R,
     line: u64,
+    /// Bytes read so far.
+    bytes: u64,
     max_line_bytes: usize,
     buf: Vec<u8>,
     warned: HashSet<(String, String)>,
@@ -364,6 +369,7 @@ impl<R: BufRead> StreamReader<R> {
             file: file.into(),
             reader,
             line: 0,
+            bytes: 0,
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
             buf: Vec::new(),
             warned: HashSet::new(),
@@ -413,6 +419,8 @@ impl<R: BufRead> StreamReader<R> {
                 }
             };
             self.line = self.line.saturating_add(1);
+            let read = u64::try_from(self.buf.len()).unwrap_or(u64::MAX);
+            self.bytes = self.bytes.saturating_add(read);
             if raw == RawLine::TooLong {
                 // Where the line ends is unknown (maybe nowhere): reading
                 // stops here, even with --keep-going.
@@ -442,6 +450,7 @@ impl<R: BufRead> StreamReader<R> {
             }
             return Some(Ok(Record {
                 line: self.line,
+                bytes: self.bytes,
                 event,
             }));
         }
@@ -734,10 +743,12 @@ mod tests {
             vec![
                 Record {
                     line: 5,
+                    bytes: 50,
                     event: WatchEvent::Synced
                 },
                 Record {
                     line: 6,
+                    bytes: text.len() as u64,
                     event: WatchEvent::Bookmark
                 },
             ]

@@ -245,3 +245,66 @@ fn endless_input_without_a_newline_stops_at_the_line_limit() {
         );
     }
 }
+
+#[test]
+fn progress_goes_to_stderr_when_forced_and_never_to_stdout() {
+    let mut stream = format!("{POOL}\n");
+    for n in 0..300 {
+        stream.push_str(&service(&format!("s{n}")));
+        stream.push('\n');
+    }
+    let plain = run(&["replay", "-", "-o", "json"], Some(&stream));
+    assert_eq!(plain.status.code(), Some(0), "{}", stderr(&plain));
+    // Not a terminal: no progress unless forced.
+    assert_eq!(stderr(&plain), "");
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "s.jsonl", &stream);
+    let forced = run(&["replay", &path, "-o", "json", "--progress"], None);
+    assert_eq!(forced.status.code(), Some(0), "{}", stderr(&forced));
+    assert_eq!(forced.stdout, plain.stdout);
+    assert!(
+        stderr(&forced).starts_with("progress: line 256 of ~"),
+        "{}",
+        stderr(&forced)
+    );
+    let quiet = run(&["replay", &path, "-o", "json", "--quiet"], None);
+    assert_eq!(quiet.stdout, plain.stdout);
+    assert_eq!(stderr(&quiet), "");
+    let both = run(&["replay", &path, "--quiet", "--progress"], None);
+    assert_eq!(both.status.code(), Some(2));
+}
+
+#[test]
+fn an_empty_lb_class_means_no_class() {
+    let classy = service("classy").replace(
+        "\"type\":\"LoadBalancer\"",
+        "\"type\":\"LoadBalancer\",\"loadBalancerClass\":\"x\"",
+    );
+    let stream = format!("{POOL}\n{}\n{classy}\n", service("web"));
+    let without = run(&["replay", "-"], Some(&stream));
+    let empty = run(&["replay", "-", "--lb-class", ""], Some(&stream));
+    assert_eq!(empty.status.code(), Some(0), "{}", stderr(&empty));
+    assert_eq!(stdout(&empty), stdout(&without));
+    assert!(
+        stdout(&empty).contains("default     web      10.0.0.0"),
+        "{}",
+        stdout(&empty)
+    );
+}
+
+#[test]
+fn an_unwritable_output_is_status_1_with_a_message() {
+    let full = std::fs::File::create("/dev/full").unwrap();
+    let output = Command::new(BIN)
+        .args(["replay", quickstart().to_str().unwrap()])
+        .stdout(full)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).starts_with("cannot write the result: "),
+        "{}",
+        stderr(&output)
+    );
+}
