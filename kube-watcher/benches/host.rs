@@ -40,10 +40,6 @@ use kube_watcher::{Host, HostConfig};
 use serde_json::{json, Value};
 use tracing_subscriber::EnvFilter;
 
-/// As the kube-watcher binary: the child is the host.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// The child reads the stub's address from this variable.
 const CHILD_ENV: &str = "KUBE_WATCHER_BENCH_HOST_URL";
 const NAMESPACE: &str = "bench";

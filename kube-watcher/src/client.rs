@@ -43,6 +43,44 @@ pub const READ_YOUR_WRITES: Duration = Duration::from_secs(2);
 /// waits too.
 pub const EVENT_QUEUE: usize = 4096;
 
+/// How many Events are queued or being published. Cheap to clone; every
+/// clone is the same count.
+#[derive(Clone, Debug)]
+pub struct EventBacklog(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Default for EventBacklog {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+}
+
+impl EventBacklog {
+    fn add(&self) {
+        self.0.send_modify(|n| *n = n.saturating_add(1));
+    }
+
+    fn done(&self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+
+    /// Events queued or in flight.
+    pub fn len(&self) -> usize {
+        *self.0.borrow()
+    }
+
+    /// Whether no Event is queued or in flight.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Resolves once every queued Event was published (or dropped).
+    pub async fn drained(&self) {
+        let mut count = self.0.subscribe();
+        // The sender lives in `self`, so this cannot fail.
+        let _ = count.wait_for(|n| *n == 0).await;
+    }
+}
+
 /// An Event on its way to the API server.
 struct QueuedEvent {
     key: String,
@@ -58,6 +96,7 @@ pub struct KubeClient {
     reporter: Reporter,
     conflict_delay: Duration,
     events: tokio::sync::mpsc::Sender<QueuedEvent>,
+    backlog: EventBacklog,
 }
 
 impl std::fmt::Debug for KubeClient {
@@ -107,15 +146,17 @@ fn current_pool(service: &Service) -> Option<&str> {
 impl KubeClient {
     /// A client writing through `client`, reading current objects from
     /// `store`, allowed to write while `gate` is open; Events name
-    /// `reporter` as their source, and their failures are counted in
-    /// `event_errors`. Starts the Event task on the current runtime; it ends
-    /// once the client is dropped and the queue is drained.
+    /// `reporter` as their source, their failures are counted in
+    /// `event_errors` and the ones not yet published in `backlog`. Starts
+    /// the Event task on the current runtime; it ends once the client is
+    /// dropped and the queue is drained.
     pub fn new(
         client: kube::Client,
         store: KubeStore,
         gate: LeaderGate,
         reporter: Reporter,
         event_errors: Arc<AtomicU64>,
+        backlog: EventBacklog,
     ) -> Self {
         let (events, queue) = tokio::sync::mpsc::channel(EVENT_QUEUE);
         tokio::spawn(publish_events(
@@ -124,6 +165,7 @@ impl KubeClient {
             gate.clone(),
             reporter.clone(),
             event_errors,
+            backlog.clone(),
         ));
         Self {
             client,
@@ -132,6 +174,7 @@ impl KubeClient {
             reporter,
             conflict_delay: Duration::from_millis(50),
             events,
+            backlog,
         }
     }
 
@@ -278,17 +321,22 @@ impl Client for KubeClient {
             action: EVENT_ACTION.to_owned(),
             secondary: None,
         };
-        self.events
+        self.backlog.add();
+        let sent = self
+            .events
             .send(QueuedEvent {
                 key: key.to_owned(),
                 reference,
                 event: kube_event,
             })
-            .await
-            .map_err(|_| ClientError::Failed {
+            .await;
+        sent.map_err(|_| {
+            self.backlog.done();
+            ClientError::Failed {
                 key: key.to_owned(),
                 message: "the Event task has stopped".to_owned(),
-            })
+            }
+        })
     }
 }
 
@@ -300,20 +348,37 @@ async fn publish_events(
     gate: LeaderGate,
     reporter: Reporter,
     errors: Arc<AtomicU64>,
+    backlog: EventBacklog,
 ) {
     while let Some(queued) = queue.recv().await {
-        if !gate.is_open() {
-            tracing::debug!(key = %queued.key, "not the leader: Event dropped");
-            continue;
-        }
-        // A recorder per Event: kube's recorder folds an Event into an
-        // earlier one of the same reason (keeping the earlier note), which
-        // would show a stale address; each of ours is a new Event.
-        let recorder = Recorder::new(client.clone(), reporter.clone());
-        if let Err(error) = recorder.publish(&queued.event, &queued.reference).await {
-            errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(key = %queued.key, reason = %queued.event.reason, %error, "could not emit an Event");
-        }
+        publish(&queued, &client, &gate, &reporter, &errors).await;
+        backlog.done();
+    }
+}
+
+async fn publish(
+    queued: &QueuedEvent,
+    client: &kube::Client,
+    gate: &LeaderGate,
+    reporter: &Reporter,
+    errors: &AtomicU64,
+) {
+    if !gate.is_open() {
+        tracing::debug!(key = %queued.key, "not the leader: Event dropped");
+        return;
+    }
+    // A recorder per Event: kube's recorder folds an Event into an earlier
+    // one of the same reason (keeping the earlier note), which would show a
+    // stale address; each of ours is a new Event.
+    let recorder = Recorder::new(client.clone(), reporter.clone());
+    if let Err(error) = recorder.publish(&queued.event, &queued.reference).await {
+        errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            key = %queued.key,
+            reason = %queued.event.reason,
+            %error,
+            "could not emit an Event"
+        );
     }
 }
 

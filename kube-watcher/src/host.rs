@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::KubeClient;
+use crate::client::{EventBacklog, KubeClient};
 use crate::crd::{to_subscriber, IPAddressPoolResource};
 use crate::lean;
 use crate::lease::{KubeLease, LeaderElector, LeaderGate, LeaseConfig};
@@ -218,6 +218,7 @@ struct Shared {
     current: Arc<CurrentManager>,
     gate: LeaderGate,
     metrics: Metrics,
+    events: EventBacklog,
 }
 
 /// A running host. Dropping it stops nothing: call
@@ -228,6 +229,7 @@ pub struct Host {
     metrics: Metrics,
     leader: watch::Receiver<bool>,
     current: Arc<CurrentManager>,
+    events: EventBacklog,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -293,6 +295,7 @@ impl Host {
         ));
 
         let metrics = Metrics::new(synced.clone());
+        let events = EventBacklog::default();
         let elector = LeaderElector::new(
             KubeLease::new(client.clone(), &config.lease_namespace, &config.lease_name),
             config.lease.clone(),
@@ -310,6 +313,7 @@ impl Host {
             current: Arc::clone(&current),
             gate,
             metrics: metrics.clone(),
+            events: events.clone(),
         });
         tasks.push(tokio::spawn(lead(shared, leader.clone(), cancel.clone())));
         Self {
@@ -318,6 +322,7 @@ impl Host {
             metrics,
             leader,
             current,
+            events,
             cancel,
             tasks,
         }
@@ -353,11 +358,13 @@ impl Host {
     }
 
     /// Resolves when the current term's manager is idle (see
-    /// `Manager::idle`); at once when there is no term.
+    /// `Manager::idle`) and every Event it emitted is published; at once
+    /// when there is no term.
     pub async fn idle(&self) {
         if let Some(manager) = self.current.get() {
             manager.idle().await;
         }
+        self.events.drained().await;
     }
 
     /// Stops everything (a leader gives its Lease up) and waits for it.
@@ -437,6 +444,7 @@ async fn start_term(shared: &Arc<Shared>, term: &CancellationToken) -> JoinHandl
         shared.gate.clone(),
         reporter,
         shared.metrics.event_errors(),
+        shared.events.clone(),
     ));
     let controller = Arc::new(AllocatingController::new(
         Arc::clone(&store),

@@ -20,12 +20,6 @@ use kube_watcher::record::record;
 use kube_watcher::{Host, HostConfig};
 use tokio_util::sync::CancellationToken;
 
-/// mimalloc, not the system allocator: objects decoded on the watch tasks
-/// are freed on the worker's thread, which glibc's arenas turn into memory
-/// kept (the host bench measures the binary's setup).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(name = "kube-watcher", version, about)]
 struct Cli {

@@ -126,7 +126,8 @@ struct State {
     rv: u64,
     objects: BTreeMap<Key, Value>,
     /// (resourceVersion, kind, event type, object) of every write.
-    history: Vec<(u64, Kind, &'static str, Value)>,
+    /// (resourceVersion, kind, watch line) of every write.
+    history: Vec<(u64, Kind, Bytes)>,
     /// Watches from a resourceVersion below this get `410 Gone`.
     compacted: u64,
     watchers: Vec<(Kind, mpsc::UnboundedSender<Bytes>)>,
@@ -156,8 +157,8 @@ impl State {
         } else {
             self.objects.insert(key, object.clone());
         }
-        self.history.push((rv, kind, event, object.clone()));
         let line = watch_line(event, &object);
+        self.history.push((rv, kind, line.clone()));
         self.watchers
             .retain(|(watched, sender)| *watched != kind || sender.send(line.clone()).is_ok());
         object
@@ -195,9 +196,12 @@ fn key_of(kind: Kind, object: &Value) -> Key {
     (kind, text("namespace"), text("name"))
 }
 
+/// One watch event, `type` first as an API server writes it (a client
+/// that meets `object` first must buffer it to learn what it is).
 fn watch_line(event: &str, object: &Value) -> Bytes {
-    let mut line = json!({"type": event, "object": object}).to_string();
-    line.push('\n');
+    let mut line = format!("{{\"type\":{},\"object\":", json!(event));
+    line.push_str(&object.to_string());
+    line.push_str("}\n");
     Bytes::from(line)
 }
 
@@ -797,17 +801,28 @@ impl Server {
                 );
                 let _ = sender.send(gone);
             } else {
-                for (rv, k, event, object) in &state.history {
+                for (rv, k, line) in &state.history {
                     if *k == kind && *rv > from {
-                        let _ = sender.send(watch_line(event, object));
+                        let _ = sender.send(line.clone());
                     }
                 }
                 state.watchers.push((kind, sender));
             }
         }
+        // Lines that queued up while the connection was busy go out as one
+        // frame (one write, not one per event), as an API server's buffered
+        // writer sends them.
         let stream = futures::stream::unfold(receiver, |mut receiver| async move {
-            let line = receiver.recv().await?;
-            Some((Ok::<_, Infallible>(Frame::data(line)), receiver))
+            let first = receiver.recv().await?;
+            let mut batch = Vec::from(first.as_ref());
+            while batch.len() < 64 * 1024 {
+                let Ok(line) = receiver.try_recv() else { break };
+                batch.extend_from_slice(&line);
+            }
+            Some((
+                Ok::<_, Infallible>(Frame::data(Bytes::from(batch))),
+                receiver,
+            ))
         });
         let mut response = Response::new(StreamBody::new(stream).boxed_unsync());
         response.headers_mut().insert(
