@@ -513,6 +513,10 @@ pub(crate) enum Top<'a> {
     Event {
         event_type: TypeField,
         object: Option<&'a RawValue>,
+        /// A top-level `kind` string (a bare object or a List has one).
+        kind: Option<String>,
+        /// Whether there is a top-level `items` key (a List).
+        items: bool,
     },
     /// Not a JSON object.
     NotAnObject,
@@ -529,8 +533,15 @@ impl<'de> Deserialize<'de> for Top<'de> {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top<'de>, A::Error> {
                 let mut event_type = TypeField::Missing;
                 let mut object = None;
+                let mut kind = None;
+                let mut items = false;
                 while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
                     match &*key {
+                        "kind" => kind = map.next_value::<LooseStr>()?.0,
+                        "items" => {
+                            items = true;
+                            map.next_value::<IgnoredAny>()?;
+                        }
                         "type" => {
                             let LooseStr(text, seen) = map.next_value()?;
                             event_type = match (text, seen) {
@@ -545,7 +556,12 @@ impl<'de> Deserialize<'de> for Top<'de> {
                         }
                     }
                 }
-                Ok(Top::Event { event_type, object })
+                Ok(Top::Event {
+                    event_type,
+                    object,
+                    kind,
+                    items,
+                })
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Top<'de>, A::Error> {
                 while seq.next_element::<IgnoredAny>()?.is_some() {}

@@ -67,12 +67,14 @@ pub enum LineError {
         offset: usize,
     },
     /// The line is not JSON (a line cut off midway is one too).
-    #[error("not JSON: {message} at column {column}")]
+    #[error("not JSON: {message} at column {column}{}", mistake_text(.mistake))]
     Json {
         /// serde_json's reason, without its position.
         message: String,
         /// 1-based column of the error.
         column: usize,
+        /// The known mistake the line looks like, if any.
+        mistake: Option<Mistake>,
     },
     /// The line is JSON but not an object.
     #[error("not a JSON object")]
@@ -80,6 +82,25 @@ pub enum LineError {
     /// The event has no `type`.
     #[error("event has no \"type\"")]
     MissingType,
+    /// An object without the watch event around it.
+    #[error(
+        "event has no \"type\": this is a bare {kind} object, not a watch event; \
+             wrap each object in one: jq -c '{{type: \"ADDED\", object: .}}' (docs/replay.md §4)"
+    )]
+    BareObject {
+        /// The object's `kind`.
+        kind: String,
+    },
+    /// A `List`, as `kubectl get -o json` prints it.
+    #[error(
+        "event has no \"type\": this is a {kind}, as kubectl get -o json prints it, not a \
+             watch event; make one event of each item: \
+             jq -c '.items[] | {{type: \"ADDED\", object: .}}' (docs/replay.md §4)"
+    )]
+    List {
+        /// The List's `kind` (`List`, `ServiceList`, ...).
+        kind: String,
+    },
     /// The event's `type` is not a string.
     #[error("event \"type\" is not a string")]
     TypeNotString,
@@ -133,6 +154,54 @@ pub enum LineError {
     /// The replay store refused the write (as an API server would).
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// A mistake a line that is not JSON looks like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mistake {
+    /// One JSON document over several lines (`kubectl -o json`, `jq .`).
+    PrettyPrinted,
+    /// YAML (`kubectl -o yaml`).
+    Yaml,
+}
+
+fn mistake_text(mistake: &Option<Mistake>) -> &'static str {
+    match mistake {
+        None => "",
+        Some(Mistake::PrettyPrinted) => {
+            " (this looks like pretty-printed JSON: a stream has one event per line; \
+             compact it with jq -c)"
+        }
+        Some(Mistake::Yaml) => {
+            " (this looks like YAML: a stream is JSON, one event per line; \
+             get the objects with -o json and convert them as docs/replay.md §4 shows)"
+        }
+    }
+}
+
+/// The known mistake a line that is not JSON looks like, if any.
+fn mistake_of(text: &str) -> Option<Mistake> {
+    let line = text.trim();
+    // Lines of an indented JSON document: an opening or closing bracket
+    // alone, or a `"key": value,` member.
+    let pretty = matches!(line, "{" | "[" | "}" | "]" | "}," | "],")
+        || ((line.starts_with('{') || line.starts_with('['))
+            && (line.ends_with('{') || line.ends_with('[')))
+        || (line.starts_with('"') && line.contains("\": "));
+    if pretty {
+        return Some(Mistake::PrettyPrinted);
+    }
+    // `key: value`, `key:`, `- key: value` or a document marker.
+    let item = line.strip_prefix("- ").unwrap_or(line).trim_start();
+    let yaml = line == "---"
+        || item.split_once(':').is_some_and(|(key, rest)| {
+            !key.is_empty()
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
+                && (rest.is_empty() || rest.starts_with(' '))
+        });
+    yaml.then_some(Mistake::Yaml)
 }
 
 fn key_text(key: &Option<String>) -> String {
@@ -548,12 +617,28 @@ pub(crate) fn is_synced_line(raw: &[u8], first: bool) -> bool {
 /// Decodes one event line (already known not to be a comment), building
 /// only what the replay reads (see the `decode` module).
 pub fn decode_event(text: &str) -> Result<WatchEvent, LineError> {
-    let top: Top<'_> = serde_json::from_str(text).map_err(|error| json_error(&error))?;
-    let Top::Event { event_type, object } = top else {
+    let top: Top<'_> = serde_json::from_str(text).map_err(|error| LineError::Json {
+        message: without_position(&error),
+        column: error.column(),
+        mistake: mistake_of(text),
+    })?;
+    let Top::Event {
+        event_type,
+        object,
+        kind,
+        items,
+    } = top
+    else {
         return Err(LineError::NotAnObject);
     };
     let event_type = match event_type {
-        TypeField::Missing => return Err(LineError::MissingType),
+        TypeField::Missing => {
+            return Err(match kind {
+                Some(kind) if items || kind.ends_with("List") => LineError::List { kind },
+                Some(kind) if object.is_none() => LineError::BareObject { kind },
+                _ => LineError::MissingType,
+            })
+        }
         TypeField::Text(text) => EventType::parse(&text).ok_or(LineError::UnknownType(text))?,
         TypeField::Other => return Err(LineError::TypeNotString),
     };
@@ -601,6 +686,7 @@ fn json_error(error: &serde_json::Error) -> LineError {
     LineError::Json {
         message: without_position(error),
         column: error.column(),
+        mistake: None,
     }
 }
 

@@ -682,3 +682,57 @@ fn duplicate_and_out_of_order_events() {
         ]
     );
 }
+
+/// Lines that look like a known mistake say so, and what to do.
+#[test]
+fn known_mistakes_get_a_hint() {
+    const PRETTY: &str = " (this looks like pretty-printed JSON: a stream has one event per \
+                          line; compact it with jq -c)";
+    const YAML: &str = " (this looks like YAML: a stream is JSON, one event per line; get \
+                        the objects with -o json and convert them as docs/replay.md §4 shows)";
+    // Pretty-printed JSON (kubectl get -o json, jq .): each line of it.
+    assert_line_error(
+        "{".to_owned(),
+        &format!("not JSON: EOF while parsing an object at column 1{PRETTY}"),
+    );
+    assert_line_error(
+        "    \"apiVersion\": \"v1\",".to_owned(),
+        &format!("not JSON: trailing characters at column 17{PRETTY}"),
+    );
+    assert_line_error(
+        "  },".to_owned(),
+        &format!("not JSON: expected value at column 3{PRETTY}"),
+    );
+    // YAML (kubectl get -o yaml).
+    assert_line_error(
+        "apiVersion: v1".to_owned(),
+        &format!("not JSON: expected value at column 1{YAML}"),
+    );
+    assert_line_error(
+        "- name: web".to_owned(),
+        &format!("not JSON: invalid number at column 2{YAML}"),
+    );
+    assert_line_error(
+        "---".to_owned(),
+        &format!("not JSON: invalid number at column 2{YAML}"),
+    );
+    // An object without the watch event around it.
+    assert_line_error(
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}}).to_string(),
+        "event has no \"type\": this is a bare Service object, not a watch event; wrap each \
+         object in one: jq -c '{type: \"ADDED\", object: .}' (docs/replay.md §4)",
+    );
+    // A List, compacted but not split.
+    assert_line_error(
+        json!({"apiVersion": "v1", "kind": "List", "items": [], "metadata": {}}).to_string(),
+        "event has no \"type\": this is a List, as kubectl get -o json prints it, not a watch \
+         event; make one event of each item: jq -c '.items[] | {type: \"ADDED\", object: .}' \
+         (docs/replay.md §4)",
+    );
+    // Not every broken line is one of those.
+    assert_line_error(
+        "{\"type\": \"ADDED\", \"obj".to_owned(),
+        "not JSON: EOF while parsing a string at column 22",
+    );
+    assert_line_error(json!({"object": {}}).to_string(), "event has no \"type\"");
+}
