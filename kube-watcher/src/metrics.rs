@@ -68,6 +68,7 @@ struct SourceState {
 fn add(a: ControllerStats, b: ControllerStats) -> ControllerStats {
     ControllerStats {
         reconciliations: a.reconciliations.saturating_add(b.reconciliations),
+        restores: a.restores.saturating_add(b.restores),
         write_errors: a.write_errors.saturating_add(b.write_errors),
         event_errors: a.event_errors.saturating_add(b.event_errors),
         pool_rejections: a.pool_rejections.saturating_add(b.pool_rejections),
