@@ -12,8 +12,14 @@
 //!
 //! Other top-level keys (`peers`, `bgp-communities`) are ignored. Each entry
 //! is validated as a pool on its own (addresses, ranges): an invalid entry
-//! makes the file invalid, with the file and the entry named (DESIGN.md
-//! §3.2). Overlaps with pool objects are the controller's business.
+//! makes the file invalid, with the file and the entry named (docs/replay.md
+//! §2.2). Overlaps with pool objects are the controller's business.
+//!
+//! `--config` also takes the ConfigMap that wraps such a file (its
+//! `data.config`), and `IPAddressPool` objects in YAML or JSON: one object,
+//! several YAML documents, or a `List` (as `kubectl get -o yaml` prints).
+//! Objects of other kinds (an `L2Advertisement` beside the pools) are
+//! skipped. A file that yields no pool is an error.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -22,7 +28,7 @@ use allocator::spec::IPAddressPoolSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
-use subscriber::IPAddressPool;
+use subscriber::{IPAddressPool, POOL_API_VERSION, POOL_KIND};
 
 /// A legacy configuration file that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +42,19 @@ pub enum ConfigError {
     /// The file is not YAML, or not a mapping at the top.
     #[error("{file}: {message}")]
     Syntax { file: String, message: String },
+    /// An object of the file (a ConfigMap, a pool, a List) is unusable.
+    #[error("{file}: document {document}{}: {message}", label_text(.name))]
+    Object {
+        file: String,
+        /// 1-based position of the YAML document.
+        document: usize,
+        /// `Kind "name"` where the object has them.
+        name: Option<String>,
+        message: String,
+    },
+    /// The file yields no pool.
+    #[error("{file}: no pool in the file: {reason}")]
+    NoPool { file: String, reason: String },
     /// One `address-pools` entry is invalid.
     #[error("{file}: address-pools[{index}]{}: {message}", name_text(.name))]
     Entry {
@@ -46,6 +65,13 @@ pub enum ConfigError {
         name: Option<String>,
         message: String,
     },
+}
+
+fn label_text(label: &Option<String>) -> String {
+    label
+        .as_ref()
+        .map(|label| format!(" ({label})"))
+        .unwrap_or_default()
 }
 
 fn name_text(name: &Option<String>) -> String {
@@ -74,7 +100,7 @@ struct LegacyPool {
     bgp_advertisements: Option<Value>,
 }
 
-/// Reads the legacy configuration file at `path`.
+/// Reads the `--config` file at `path` (see the module documentation).
 pub fn load_legacy_config(path: &Path) -> Result<Vec<IPAddressPool>, ConfigError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -84,25 +110,173 @@ pub fn load_legacy_config(path: &Path) -> Result<Vec<IPAddressPool>, ConfigError
     parse_legacy_config(&file, &text)
 }
 
-/// Parses a legacy configuration, named `file` in errors, into pool objects
-/// in the order of the file.
+/// What the documents of a file held, for the error when no pool is found.
+#[derive(Default)]
+struct Seen {
+    pools: Vec<IPAddressPool>,
+    names: HashSet<String>,
+    /// Kinds of skipped objects.
+    skipped: Vec<String>,
+    /// Whether a legacy configuration (or a ConfigMap with one) was found.
+    legacy: bool,
+}
+
+/// Parses a `--config` file, named `file` in errors, into pool objects in
+/// the order of the file: a legacy configuration, the ConfigMap that wraps
+/// one, or `IPAddressPool` objects (YAML or JSON, one object, several
+/// documents, or a `List`). A file that yields no pool is an error.
 pub fn parse_legacy_config(file: &str, text: &str) -> Result<Vec<IPAddressPool>, ConfigError> {
     let syntax = |message: String| ConfigError::Syntax {
         file: file.to_owned(),
         message,
     };
-    let document: Value = serde_yaml_ng::from_str(text).map_err(|e| syntax(e.to_string()))?;
+    let mut seen = Seen::default();
+    for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let value = Value::deserialize(document).map_err(|e| syntax(e.to_string()))?;
+        read_document(file, index + 1, value, &mut seen)?;
+    }
+    if seen.pools.is_empty() {
+        let reason = if seen.legacy {
+            "address-pools is empty".to_owned()
+        } else if !seen.skipped.is_empty() {
+            format!(
+                "only {} (an IPAddressPool, a ConfigMap with data.config or address-pools \
+                 was expected)",
+                seen.skipped.join(", ")
+            )
+        } else {
+            "no address-pools, IPAddressPool object or ConfigMap with data.config".to_owned()
+        };
+        return Err(ConfigError::NoPool {
+            file: file.to_owned(),
+            reason,
+        });
+    }
+    Ok(seen.pools)
+}
+
+/// One YAML document (or one item of a List).
+fn read_document(
+    file: &str,
+    document: usize,
+    value: Value,
+    seen: &mut Seen,
+) -> Result<(), ConfigError> {
+    let object_error = |name: Option<String>, message: String| ConfigError::Object {
+        file: file.to_owned(),
+        document,
+        name,
+        message,
+    };
+    let top = match value {
+        Value::Null => return Ok(()),
+        Value::Mapping(top) => top,
+        _ => {
+            return Err(ConfigError::Syntax {
+                file: file.to_owned(),
+                message: "not a mapping with address-pools, nor a Kubernetes object".to_owned(),
+            })
+        }
+    };
+    let kind = top.get("kind").and_then(Value::as_str).map(str::to_owned);
+    let api_version = top
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let name = top
+        .get("metadata")
+        .and_then(|metadata| metadata.get("name"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let label = |kind: &str| {
+        Some(match &name {
+            Some(name) => format!("{kind} {name:?}"),
+            None => kind.to_owned(),
+        })
+    };
+    match kind.as_deref() {
+        None => read_legacy(file, Value::Mapping(top), seen),
+        Some("ConfigMap") => {
+            let config = top
+                .get("data")
+                .and_then(|data| data.get("config"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    object_error(label("ConfigMap"), "has no data.config string".to_owned())
+                })?;
+            let inner: Value = serde_yaml_ng::from_str(config)
+                .map_err(|e| object_error(label("ConfigMap"), format!("data.config: {e}")))?;
+            read_legacy(file, inner, seen)
+        }
+        Some(kind) if kind == POOL_KIND && api_version == POOL_API_VERSION => {
+            let pool: IPAddressPool = serde_path_to_error::deserialize(Value::Mapping(top))
+                .map_err(|e| {
+                    let path = e.path().to_string();
+                    let message = e.into_inner().to_string();
+                    let message = if path == "." {
+                        message
+                    } else {
+                        format!("{path}: {message}")
+                    };
+                    object_error(label(POOL_KIND), message)
+                })?;
+            let Some(name) = pool.metadata.name.clone().filter(|name| !name.is_empty()) else {
+                return Err(object_error(
+                    label(POOL_KIND),
+                    "has no metadata.name".to_owned(),
+                ));
+            };
+            if !seen.names.insert(name) {
+                return Err(object_error(
+                    label(POOL_KIND),
+                    "a pool of this name is defined before".to_owned(),
+                ));
+            }
+            // Values that make no sense are the controller's business, as
+            // for a pool in the stream: it is listed in rejected_pools.
+            seen.pools.push(pool);
+            Ok(())
+        }
+        Some(kind) if kind.ends_with("List") => {
+            let items = match top.get("items") {
+                Some(Value::Sequence(items)) => items.clone(),
+                None | Some(Value::Null) => Vec::new(),
+                Some(_) => return Err(object_error(label(kind), "items is not a list".to_owned())),
+            };
+            for item in items {
+                read_document(file, document, item, seen)?;
+            }
+            Ok(())
+        }
+        Some(kind) => {
+            tracing::warn!(
+                file,
+                document,
+                kind,
+                "--config: skipping an object of this kind"
+            );
+            seen.skipped.push(format!("{kind} objects"));
+            Ok(())
+        }
+    }
+}
+
+/// A legacy configuration: its `address-pools` entries.
+fn read_legacy(file: &str, document: Value, seen: &mut Seen) -> Result<(), ConfigError> {
+    let syntax = |message: String| ConfigError::Syntax {
+        file: file.to_owned(),
+        message,
+    };
     let entries = match document {
-        Value::Null => return Ok(Vec::new()),
+        Value::Null => return Ok(()),
         Value::Mapping(mut top) => match top.remove("address-pools") {
-            None | Some(Value::Null) => return Ok(Vec::new()),
+            None | Some(Value::Null) => return Ok(()),
             Some(Value::Sequence(entries)) => entries,
             Some(_) => return Err(syntax("address-pools is not a list".to_owned())),
         },
         _ => return Err(syntax("not a mapping with address-pools".to_owned())),
     };
-    let mut names = HashSet::new();
-    let mut pools = Vec::with_capacity(entries.len());
+    seen.legacy = true;
     for (index, entry) in entries.into_iter().enumerate() {
         let name = entry.get("name").and_then(Value::as_str).map(str::to_owned);
         let error = |message: String| ConfigError::Entry {
@@ -123,7 +297,7 @@ pub fn parse_legacy_config(file: &str, text: &str) -> Result<Vec<IPAddressPool>,
         if pool.name.is_empty() {
             return Err(error("name is empty".to_owned()));
         }
-        if !names.insert(pool.name.clone()) {
+        if !seen.names.insert(pool.name.clone()) {
             return Err(error("a pool of this name is defined before".to_owned()));
         }
         let spec = IPAddressPoolSpec {
@@ -133,7 +307,7 @@ pub fn parse_legacy_config(file: &str, text: &str) -> Result<Vec<IPAddressPool>,
             service_allocation: None,
         };
         allocator::Pool::parse(&pool.name, &spec).map_err(|e| error(e.to_string()))?;
-        pools.push(IPAddressPool {
+        seen.pools.push(IPAddressPool {
             metadata: ObjectMeta {
                 name: Some(pool.name),
                 ..ObjectMeta::default()
@@ -142,7 +316,7 @@ pub fn parse_legacy_config(file: &str, text: &str) -> Result<Vec<IPAddressPool>,
             status: None,
         });
     }
-    Ok(pools)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -181,9 +355,97 @@ address-pools:
     }
 
     #[test]
-    fn empty_files_have_no_pools() {
-        assert!(parse_legacy_config("c", "").unwrap().is_empty());
-        assert!(parse_legacy_config("c", "peers: []\n").unwrap().is_empty());
+    fn a_file_without_pools_is_an_error_with_the_reason() {
+        let error = |text: &str| parse_legacy_config("c", text).unwrap_err().to_string();
+        assert_eq!(
+            error(""),
+            "c: no pool in the file: no address-pools, IPAddressPool object or ConfigMap \
+             with data.config"
+        );
+        assert_eq!(
+            error("peers: []\n"),
+            "c: no pool in the file: no address-pools, IPAddressPool object or ConfigMap \
+             with data.config"
+        );
+        assert_eq!(
+            error("address-pools: []\n"),
+            "c: no pool in the file: address-pools is empty"
+        );
+        assert_eq!(
+            error("apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata: {name: l2}\n"),
+            "c: no pool in the file: only L2Advertisement objects (an IPAddressPool, a \
+             ConfigMap with data.config or address-pools was expected)"
+        );
+        assert_eq!(
+            error("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: config}\ndata: {}\n"),
+            "c: document 1 (ConfigMap \"config\"): has no data.config string"
+        );
+    }
+
+    #[test]
+    fn a_configmap_wraps_a_legacy_configuration() {
+        let text = "\
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: config
+  namespace: metallb-system
+data:
+  config: |
+    address-pools:
+    - name: default
+      protocol: layer2
+      addresses: [192.168.10.0/24]
+";
+        let pools = parse_legacy_config("c", text).unwrap();
+        assert_eq!(pools.len(), 1);
+        assert_eq!(pools[0].metadata.name.as_deref(), Some("default"));
+        assert_eq!(pools[0].spec.addresses, ["192.168.10.0/24"]);
+    }
+
+    #[test]
+    fn pool_objects_in_yaml_documents_json_and_lists() {
+        let yaml = "\
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: a, namespace: metallb-system}
+spec: {addresses: [10.0.0.0/24]}
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {name: l2}
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: b}
+spec: {addresses: [10.1.0.0/24], autoAssign: false}
+";
+        let pools = parse_legacy_config("c", yaml).unwrap();
+        let names: Vec<_> = pools
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(pools[1].spec.auto_assign, Some(false));
+
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+             "metadata": {"name": "c"}, "spec": {"addresses": ["10.2.0.0/24"]}}]});
+        let pools = parse_legacy_config("c.json", &list.to_string()).unwrap();
+        assert_eq!(pools[0].metadata.name.as_deref(), Some("c"));
+        let pretty = serde_json::to_string_pretty(&list["items"][0]).unwrap();
+        assert_eq!(parse_legacy_config("c.json", &pretty).unwrap().len(), 1);
+
+        let bad = "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: x}\nspec: {addresses: 7}\n";
+        assert_eq!(
+            parse_legacy_config("c", bad).unwrap_err().to_string(),
+            "c: document 1 (IPAddressPool \"x\"): spec.addresses: invalid type: integer `7`, expected a sequence"
+        );
+        let twice = format!("{yaml}---\n{yaml}");
+        assert!(parse_legacy_config("c", &twice)
+            .unwrap_err()
+            .to_string()
+            .ends_with("a pool of this name is defined before"));
     }
 
     #[test]

@@ -308,3 +308,46 @@ fn an_unwritable_output_is_status_1_with_a_message() {
         stderr(&output)
     );
 }
+
+#[test]
+fn config_takes_pool_objects_and_configmaps_and_refuses_a_file_without_pools() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = format!("{}\n", service("web"));
+    let objects = write(
+        &dir,
+        "pools.yaml",
+        "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: yaml\n  namespace: metallb-system\nspec:\n  addresses: [10.7.0.0/24]\n---\napiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata: {name: l2}\n",
+    );
+    let configmap = write(
+        &dir,
+        "configmap.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: config, namespace: metallb-system}\ndata:\n  config: |\n    address-pools:\n    - name: wrapped\n      addresses: [10.8.0.0/24]\n",
+    );
+    let list = write(
+        &dir,
+        "list.json",
+        r#"{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{"name":"json"},"spec":{"addresses":["10.9.0.0/24"]}}]}"#,
+    );
+    for (config, pool, ip) in [
+        (&objects, "yaml", "10.7.0.0"),
+        (&configmap, "wrapped", "10.8.0.0"),
+        (&list, "json", "10.9.0.0"),
+    ] {
+        let output = run(&["replay", "-", "-o", "json", "--config", config], Some(&stream));
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let document: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(document["services"][0]["pool"], pool);
+        assert_eq!(document["services"][0]["ips"][0], ip);
+    }
+    let empty = write(&dir, "empty.yaml", "peers: []\n");
+    let output = run(&["replay", "-", "--config", &empty], Some(&stream));
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(stdout(&output), "");
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "{empty}: no pool in the file: no address-pools, IPAddressPool object or \
+             ConfigMap with data.config\n"
+        )
+    );
+}
