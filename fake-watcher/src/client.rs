@@ -136,6 +136,11 @@ pub struct EventRecord {
     /// CamelCase reason, e.g. `IPAllocated`.
     pub reason: String,
     pub message: String,
+    /// The stream line whose processing emitted it: for the passes at sync,
+    /// the `SYNCED` line; 0 before the first line (`--config` pools, and
+    /// the sync of a stream without a `SYNCED` line).
+    #[serde(default)]
+    pub line: u64,
 }
 
 #[derive(Debug)]
@@ -159,6 +164,8 @@ pub struct MemoryClient {
     limit: AtomicU64,
     /// Set once a write was refused for the limit.
     overrun: watch::Sender<bool>,
+    /// The stream line being processed (for the Events' `line`).
+    line: AtomicU64,
 }
 
 impl std::fmt::Debug for MemoryClient {
@@ -187,7 +194,14 @@ impl MemoryClient {
             }),
             limit: AtomicU64::new(u64::MAX),
             overrun: watch::Sender::new(false),
+            line: AtomicU64::new(0),
         }
+    }
+
+    /// Sets the stream line being processed: the Events emitted from now on
+    /// carry it.
+    pub fn set_line(&self, line: u64) {
+        self.line.store(line, Ordering::SeqCst);
     }
 
     /// How many write attempts were made so far.
@@ -322,6 +336,7 @@ impl Client for MemoryClient {
             event_type: event.event_type.as_str().to_owned(),
             reason: event.reason.clone(),
             message: event.message.clone(),
+            line: self.line.load(Ordering::SeqCst),
         });
         Ok(())
     }

@@ -149,6 +149,7 @@ mod tests {
             event_type: event_type.to_owned(),
             reason: reason.to_owned(),
             message: format!("{reason} message"),
+            line: 7,
         };
         ReplayResult {
             services: vec![

@@ -437,6 +437,7 @@ impl Host {
     /// Marks the manager synced (for `line`; 0 before the first) and waits
     /// for the sync passes.
     async fn mark_synced(&mut self, line: u64) -> Result<(), ReplayError> {
+        self.plugin.client.set_line(line);
         let writes = self.begin_line();
         self.plugin.manager.mark_synced();
         self.synced = true;
@@ -477,6 +478,7 @@ impl Host {
         change: &Change,
         output: &mut ReplayOutput,
     ) -> Result<(), ReplayError> {
+        self.plugin.client.set_line(line);
         let mark = self.plugin.client.mark();
         let writes = self.begin_line();
         let errors = match self.plugin.deliver(change).await {
@@ -775,6 +777,64 @@ mod tests {
         assert_eq!(output.result.pools[0].name, "legacy");
         assert_eq!(output.trace[0].line, 0);
         assert_eq!(output.trace[0].event.kind.as_deref(), Some("IPAddressPool"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_event_names_the_line_that_emitted_it() {
+        let lines_of = |output: &ReplayOutput| -> Vec<(String, String, u64)> {
+            output
+                .result
+                .events
+                .iter()
+                .map(|e| (e.key.clone(), e.reason.clone(), e.line))
+                .collect()
+        };
+        let event = |key: &str, reason: &str, line: u64| (key.to_owned(), reason.to_owned(), line);
+        // Without SYNCED: each event comes from the line it follows.
+        let text = stream(&[
+            "# a comment".to_owned(),
+            line("ADDED", lb("early")),
+            line("ADDED", pool("p", &["10.0.0.0/30"])),
+        ]);
+        let output = run(&text, &ReplayOptions::default()).await;
+        assert_eq!(
+            lines_of(&output),
+            [
+                event("ns/early", "AllocationFailed", 2),
+                event("ns/early", "IPAllocated", 3)
+            ]
+        );
+        // The passes at sync: the SYNCED line.
+        let text = stream(&[
+            line("ADDED", lb("a")),
+            line("ADDED", pool("p", &["10.0.0.0/30"])),
+            "{\"type\":\"SYNCED\"}".to_owned(),
+            line("ADDED", lb("b")),
+        ]);
+        let output = run(&text, &ReplayOptions::default()).await;
+        assert_eq!(
+            lines_of(&output),
+            [
+                event("ns/a", "IPAllocated", 3),
+                event("ns/b", "IPAllocated", 4)
+            ]
+        );
+        // Before the first line (--config pools, and the sync of a stream
+        // without SYNCED): 0.
+        let options = ReplayOptions::default().pools(
+            crate::parse_legacy_config(
+                "c",
+                "address-pools:\n- name: l\n  addresses: [10.1.0.0/24]\n",
+            )
+            .unwrap(),
+        );
+        let output = run(&stream(&[line("ADDED", lb("web"))]), &options).await;
+        assert_eq!(lines_of(&output), [event("ns/web", "IPAllocated", 1)]);
+        let json = render_json(&output.result).unwrap();
+        assert!(
+            json.contains("\"message\": \"Assigned IP [\\\"10.1.0.0\\\"]\",\n      \"line\": 1\n"),
+            "{json}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
