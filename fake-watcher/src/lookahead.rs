@@ -14,6 +14,7 @@
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Cursor, Seek, SeekFrom, Write};
+use std::path::Path;
 
 use crate::stream::{is_synced_line, read_raw_line, RawLine};
 
@@ -47,11 +48,13 @@ pub(crate) fn read_to_synced<R: BufRead + ?Sized>(
     reader: &mut R,
     max_line_bytes: usize,
     memory_bytes: usize,
+    dir: Option<&Path>,
 ) -> Result<Lookahead, LookaheadError> {
     let mut spool = Spool {
         memory: Vec::new(),
         file: None,
         memory_bytes,
+        dir,
     };
     let mut buf = Vec::new();
     let mut line: u64 = 0;
@@ -85,13 +88,15 @@ pub(crate) fn read_to_synced<R: BufRead + ?Sized>(
 }
 
 /// Bytes kept in memory up to a limit, then in a temporary file.
-struct Spool {
+struct Spool<'a> {
     memory: Vec<u8>,
     file: Option<BufWriter<File>>,
     memory_bytes: usize,
+    /// Where the file is made (`None`: the system's temporary directory).
+    dir: Option<&'a Path>,
 }
 
-impl Spool {
+impl Spool<'_> {
     fn append(&mut self, data: &[u8]) -> io::Result<()> {
         if let Some(file) = &mut self.file {
             return file.write_all(data);
@@ -100,7 +105,11 @@ impl Spool {
             self.memory.extend_from_slice(data);
             return Ok(());
         }
-        let mut file = BufWriter::new(tempfile::tempfile()?);
+        let file = match self.dir {
+            Some(dir) => tempfile::tempfile_in(dir)?,
+            None => tempfile::tempfile()?,
+        };
+        let mut file = BufWriter::new(file);
         file.write_all(&self.memory)?;
         file.write_all(data)?;
         self.memory = Vec::new();
@@ -143,7 +152,7 @@ mod tests {
         let text =
             b"{\"type\":\"ADDED\"}\n# SYNCED\n{\"type\":\"SYNCED\"}\n{\"type\":\"DELETED\"}\n";
         let mut reader = &text[..];
-        let lookahead = read_to_synced(&mut reader, 1 << 20, 1 << 20).unwrap();
+        let lookahead = read_to_synced(&mut reader, 1 << 20, 1 << 20, None).unwrap();
         assert!(lookahead.synced);
         assert_eq!(reader, b"{\"type\":\"DELETED\"}\n");
         assert_eq!(
@@ -157,7 +166,7 @@ mod tests {
         let line = "{\"type\":\"ADDED\",\"object\":{}}\n";
         let text = line.repeat(100);
         let mut reader = text.as_bytes();
-        let lookahead = read_to_synced(&mut reader, 1 << 20, 64).unwrap();
+        let lookahead = read_to_synced(&mut reader, 1 << 20, 64, None).unwrap();
         assert!(!lookahead.synced);
         assert!(reader.is_empty());
         assert_eq!(read_all(lookahead, b""), text);
@@ -167,7 +176,7 @@ mod tests {
     fn a_line_over_the_limit_ends_the_lookahead_there() {
         let text = format!("# c\n{}\n{{\"type\":\"SYNCED\"}}\n", "x".repeat(1000));
         let mut reader = text.as_bytes();
-        let lookahead = read_to_synced(&mut reader, 100, 100).unwrap();
+        let lookahead = read_to_synced(&mut reader, 100, 100, None).unwrap();
         assert!(!lookahead.synced);
         assert_eq!(lookahead.too_long, Some(2));
         // Read one byte past the limit, which is not kept.
@@ -178,7 +187,7 @@ mod tests {
     #[test]
     fn endless_input_stops_the_lookahead() {
         let mut endless = BufReader::new(io::repeat(b'x'));
-        let lookahead = read_to_synced(&mut endless, 1000, 100).unwrap();
+        let lookahead = read_to_synced(&mut endless, 1000, 100, None).unwrap();
         assert!(!lookahead.synced);
         assert_eq!(lookahead.too_long, Some(1));
     }

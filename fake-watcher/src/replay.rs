@@ -55,6 +55,10 @@ pub struct ReplayOptions {
     pub max_line_bytes: usize,
     /// How many bytes read ahead stay in memory (see [`SPOOL_MEMORY_BYTES`]).
     pub spool_memory_bytes: usize,
+    /// Where the temporary file for the lines read ahead beyond
+    /// `spool_memory_bytes` is made (`None`: the system's temporary
+    /// directory, `TMPDIR`).
+    pub spool_dir: Option<std::path::PathBuf>,
     /// The manager's retry timing.
     pub manager: ManagerConfig,
     /// Write attempts allowed per line, beside `writes_per_service` per
@@ -78,6 +82,7 @@ impl Default for ReplayOptions {
             check_invariants: false,
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
             spool_memory_bytes: SPOOL_MEMORY_BYTES,
+            spool_dir: None,
             manager: ManagerConfig::default(),
             writes_per_line: WRITES_PER_LINE,
             writes_per_service: WRITES_PER_SERVICE,
@@ -153,7 +158,10 @@ pub enum ReplayError {
     #[error("--config pool: {0}")]
     Store(#[from] StoreError),
     /// The temporary file that holds the looked-ahead lines failed.
-    #[error("cannot keep the stream in a temporary file: {0}")]
+    #[error(
+        "cannot keep the stream in a temporary file (the stream has no SYNCED line \
+             early on, and is large): {0}"
+    )]
     Spool(#[source] std::io::Error),
     /// The manager's worker stopped (it panicked).
     #[error("the manager's worker stopped: {0}")]
@@ -251,6 +259,7 @@ fn read_options(file: &str, options: &ReplayOptions) -> ReadOptions {
         file: file.to_owned(),
         max_line_bytes: options.max_line_bytes,
         spool_memory_bytes: options.spool_memory_bytes,
+        spool_dir: options.spool_dir.clone(),
     }
 }
 
@@ -929,6 +938,18 @@ mod tests {
         spilled.spool_memory_bytes = 16;
         let third = run(&text, &spilled).await;
         assert_eq!(first.result, third.result);
+        // No temporary file can be made: an error, not the input's fault.
+        spilled.spool_dir = Some("/nonexistent/directory".into());
+        let error = replay("s.jsonl", text.as_bytes(), &spilled)
+            .await
+            .unwrap_err();
+        assert!(matches!(error, ReplayError::Spool(_)), "{error:?}");
+        assert!(
+            error
+                .to_string()
+                .starts_with("cannot keep the stream in a temporary file"),
+            "{error}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -35,6 +35,7 @@ pub(crate) struct ReadOptions {
     pub(crate) file: String,
     pub(crate) max_line_bytes: usize,
     pub(crate) spool_memory_bytes: usize,
+    pub(crate) spool_dir: Option<std::path::PathBuf>,
 }
 
 /// The reads of a stream, in order.
@@ -72,6 +73,7 @@ impl<R: BufRead> Iterator for Reads<R> {
                     &mut reader,
                     options.max_line_bytes,
                     options.spool_memory_bytes,
+                    options.spool_dir.as_deref(),
                 ) {
                     Ok(Lookahead {
                         reader: spooled,
@@ -197,6 +199,7 @@ mod tests {
             file: "s.jsonl".to_owned(),
             max_line_bytes: 1 << 20,
             spool_memory_bytes: 1 << 20,
+            spool_dir: None,
         }
     }
 
