@@ -125,7 +125,7 @@ pub struct WriteRecord {
     pub outcome: WriteOutcome,
 }
 
-/// One Kubernetes Event the controller emitted (REPLAY.md §3 `events`).
+/// One Kubernetes Event the controller emitted (docs/replay.md §3 `events`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventRecord {
     /// The Service's key.

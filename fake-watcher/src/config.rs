@@ -1,4 +1,4 @@
-//! MetalLB's legacy configuration file (DESIGN.md §3.2): YAML with
+//! MetalLB's legacy configuration file (docs/allocation.md §3.2): YAML with
 //! `address-pools:`, each entry becoming an `IPAddressPool` object.
 //!
 //! ```yaml

@@ -1,5 +1,5 @@
 //! Finding out, before the first line is replayed, whether the stream has a
-//! `SYNCED` line (REPLAY.md §1.1), while reading the stream only once.
+//! `SYNCED` line (docs/replay.md §1.1), while reading the stream only once.
 //!
 //! Whether the first lines are the initial list or already events after sync
 //! depends on a line that may come at the very end, and standard input cannot
@@ -7,7 +7,7 @@
 //! line (all of them when there is none) are kept, in memory up to
 //! [`SPOOL_MEMORY_BYTES`] and in an anonymous temporary file beyond, and then
 //! read again ahead of the rest of the stream. A stream with an early
-//! `SYNCED` line (every recording, REPLAY.md §4) keeps only its initial
+//! `SYNCED` line (every recording, docs/replay.md §4) keeps only its initial
 //! list; one without keeps everything, on disk when it is large. Only lines
 //! that mention `SYNCED` are parsed here; every line is decoded, and every
 //! error reported, once, when it is replayed.

@@ -1,7 +1,5 @@
 //! `fake-watcher replay STREAM`: replays a recorded watch stream through the
-//! allocator plugin and prints what it would do (REPLAY.md §2).
-
-mod commands;
+//! allocator plugin and prints what it would do (docs/replay.md §2).
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, IsTerminal, Write};
@@ -39,10 +37,6 @@ struct Cli {
 enum Command {
     /// Replay a JSON Lines stream of watch events and print the result.
     Replay(ReplayArgs),
-    /// Explain the decision for one Service (docs/replay.md §3.1).
-    Explain(commands::ExplainArgs),
-    /// Replay, apply objects and deletions, and show what changes.
-    WhatIf(commands::WhatIfArgs),
 }
 
 #[derive(clap::Args)]
@@ -92,8 +86,6 @@ fn main() -> ExitCode {
     init_logs();
     match cli.command {
         Command::Replay(args) => run_replay(&args),
-        Command::Explain(args) => commands::run_explain(&args),
-        Command::WhatIf(args) => commands::run_what_if(&args),
     }
 }
 

@@ -1,4 +1,4 @@
-//! Printing a [`ReplayResult`] (REPLAY.md §2–§3): a kubectl-like table, the
+//! Printing a [`ReplayResult`] (docs/replay.md §2–§3): a kubectl-like table, the
 //! JSON document, or the same document as YAML.
 
 use std::collections::HashMap;

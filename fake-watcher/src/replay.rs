@@ -1,5 +1,5 @@
 //! Driving a replay: the store, the chains, the controller and the manager
-//! wired as a host would wire them, fed one line at a time (REPLAY.md §1).
+//! wired as a host would wire them, fed one line at a time (docs/replay.md §1).
 //!
 //! Start and sync (§1.1): the stream is read ahead to its first `SYNCED` line
 //! (see the `lookahead` module). Without one, the manager is marked synced
@@ -49,7 +49,7 @@ pub struct ReplayOptions {
     pub failures: Option<FailurePlan>,
     /// Record a [`TraceStep`] per line.
     pub trace: bool,
-    /// Check DESIGN.md §6 after every line after sync.
+    /// Check docs/allocation.md §6 after every line after sync.
     pub check_invariants: bool,
     /// The longest line allowed.
     pub max_line_bytes: usize,

@@ -1,4 +1,4 @@
-//! The result of a replay (REPLAY.md §3) and its per-line trace.
+//! The result of a replay (docs/replay.md §3) and its per-line trace.
 //!
 //! Field order is the documented key order: serializing a [`ReplayResult`]
 //! gives the §3 document.
@@ -146,7 +146,7 @@ pub struct TraceStep {
     /// Errors the subscriber chain returned for the line's event.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
-    /// DESIGN.md §6 invariants broken after the line (when checked).
+    /// docs/allocation.md §6 invariants broken after the line (when checked).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub violations: Vec<String>,
 }

@@ -1,4 +1,4 @@
-//! The replay store: an API server stand-in (REPLAY.md §1.2).
+//! The replay store: an API server stand-in (docs/replay.md §1.2).
 //!
 //! Every write goes through [`ReplayStore`]: it fills in what an API server
 //! fills in, bumps the global `resourceVersion`, keeps the objects in a

@@ -1,4 +1,4 @@
-//! Reading a replay stream (REPLAY.md §1): one line at a time, never the
+//! Reading a replay stream (docs/replay.md §1): one line at a time, never the
 //! whole stream; blank lines and `#` comments skipped; every other line
 //! decoded into a [`WatchEvent`] or a [`StreamError`] that names the file, the
 //! line and the reason.
@@ -218,7 +218,7 @@ fn path_text(path: &str) -> String {
     }
 }
 
-/// The kinds a stream may carry (REPLAY.md §1).
+/// The kinds a stream may carry (docs/replay.md §1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
     /// `v1` / `Service`.

@@ -1,4 +1,4 @@
-//! Bad input (DESIGN.md §4.8, REPLAY.md §1): each kind of bad line or bad
+//! Bad input (docs/allocation.md §4.8, docs/replay.md §1): each kind of bad line or bad
 //! value gets a precise error — a stream error naming the file, line and
 //! reason, an Event on the Service, or a rejected pool with its reason — and
 //! nothing else in the same stream is disturbed: the bystanders (a good
@@ -637,7 +637,7 @@ fn a_stream_of_only_comments() {
 // ----- events the store makes sense of -----
 
 /// Duplicates, out-of-order events and deletes of unknown objects are no
-/// errors: the store behaves as an API server (REPLAY.md §1.2).
+/// errors: the store behaves as an API server (docs/replay.md §1.2).
 #[test]
 fn duplicate_and_out_of_order_events() {
     let modified_first = plain("early").replace("\"ADDED\"", "\"MODIFIED\"");
