@@ -122,6 +122,9 @@ pub struct WriteRecord {
     pub ips: Vec<IpAddr>,
     /// The pool annotation written, or null to remove it.
     pub pool: Option<String>,
+    /// The controller's condition written, as `STATUS REASON`, or null to
+    /// remove it.
+    pub condition: Option<String>,
     pub outcome: WriteOutcome,
 }
 
@@ -283,6 +286,10 @@ impl MemoryClient {
             key: key.to_owned(),
             ips: write.ingress.clone(),
             pool: write.pool.clone(),
+            condition: write
+                .condition
+                .as_ref()
+                .map(|c| format!("{} {}", c.status(), c.reason)),
             outcome,
         });
     }

@@ -157,11 +157,13 @@ mod tests {
                     key: "default/web".into(),
                     ips: vec!["192.168.10.0".into(), "fc00::1".into()],
                     pool: Some("default".into()),
+                    conditions: vec![],
                 },
                 ServiceResult {
                     key: "prod/database".into(),
                     ips: vec![],
                     pool: None,
+                    conditions: vec![],
                 },
             ],
             events: vec![

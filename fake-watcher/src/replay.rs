@@ -21,7 +21,7 @@ use crate::client::FailurePlan;
 use crate::lookahead::SPOOL_MEMORY_BYTES;
 use crate::plugin::{NotIdle, Plugin};
 use crate::result::{
-    Count, FamilyResult, HoldingRecord, PoolResult, RejectedPoolResult, ReplayResult,
+    ConditionResult, Count, FamilyResult, HoldingRecord, PoolResult, RejectedPoolResult, ReplayResult,
     ServiceResult, TraceEvent, TraceStep,
 };
 use crate::source::{Read, ReadOptions, Reads, Source};
@@ -633,7 +633,25 @@ fn service_result(key: String, service: &Service) -> ServiceResult {
         .as_ref()
         .and_then(|annotations| annotations.get(POOL_ANNOTATION))
         .cloned();
-    ServiceResult { key, ips, pool }
+    let conditions = service
+        .status
+        .as_ref()
+        .and_then(|status| status.conditions.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| ConditionResult {
+            condition_type: c.type_.clone(),
+            status: c.status.clone(),
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+        })
+        .collect();
+    ServiceResult {
+        key,
+        ips,
+        pool,
+        conditions,
+    }
 }
 
 #[cfg(test)]

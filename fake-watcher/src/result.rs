@@ -34,6 +34,22 @@ pub struct ServiceResult {
     pub ips: Vec<String>,
     /// The `metallb.io/ip-allocated-from-pool` annotation.
     pub pool: Option<String>,
+    /// `status.conditions` as a host would write them (the controller's
+    /// `metallb.io/AddressAssigned` and any other the stream gave), without
+    /// the timestamps a replay cannot make deterministic.
+    #[serde(default)]
+    pub conditions: Vec<ConditionResult>,
+}
+
+/// One condition of a Service (docs/replay.md §3).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConditionResult {
+    #[serde(rename = "type")]
+    pub condition_type: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    pub reason: String,
+    pub message: String,
 }
 
 /// One accepted pool's counters.

@@ -56,12 +56,22 @@ fn replay(lines: &[String], options: &ReplayOptions) -> Result<ReplayOutput, Rep
     Ok(output)
 }
 
+/// A Service holding `ips` from `pool`, with the condition the controller
+/// writes on a Service that holds addresses.
 fn service(key: &str, ips: &[&str], pool: Option<&str>) -> ServiceResult {
-    ServiceResult {
-        key: key.to_owned(),
-        ips: ips.iter().map(|ip| (*ip).to_owned()).collect(),
-        pool: pool.map(str::to_owned),
-    }
+    let quoted: Vec<String> = ips.iter().map(|ip| format!("{ip:?}")).collect();
+    serde_json::from_value(json!({
+        "key": key,
+        "ips": ips,
+        "pool": pool,
+        "conditions": [{
+            "type": "metallb.io/AddressAssigned",
+            "status": "True",
+            "reason": "Assigned",
+            "message": format!("Assigned IP [{}]", quoted.join(" ")),
+        }],
+    }))
+    .unwrap()
 }
 
 fn events_of<'a>(result: &'a ReplayResult, key: &str) -> Vec<(&'a str, &'a str)> {
@@ -130,7 +140,11 @@ fn assert_service_events(bad: String, key: &str, events: &[(&str, &str)]) {
     let output = replay(&around(bad), &ReplayOptions::default()).unwrap();
     assert_eq!(events_of(&output.result, key), events);
     let found = output.result.services.iter().find(|s| s.key == key);
-    assert_eq!(found, Some(&service(key, &[], None)));
+    let found = found.unwrap_or_else(|| panic!("{key} is missing"));
+    assert!(found.ips.is_empty() && found.pool.is_none(), "{found:?}");
+    // Not assigned, and the condition says so.
+    let statuses: Vec<&str> = found.conditions.iter().map(|c| c.status.as_str()).collect();
+    assert_eq!(statuses, ["False"]);
     undisturbed(&output.result);
 }
 
