@@ -21,8 +21,8 @@ use crate::client::FailurePlan;
 use crate::lookahead::SPOOL_MEMORY_BYTES;
 use crate::plugin::{NotIdle, Plugin};
 use crate::result::{
-    ConditionResult, Count, FamilyResult, HoldingRecord, PoolResult, RejectedPoolResult, ReplayResult,
-    ServiceResult, TraceEvent, TraceStep,
+    ConditionResult, Count, FamilyResult, HoldingRecord, PoolResult, RejectedPoolResult,
+    ReplayResult, ServiceResult, TraceEvent, TraceStep,
 };
 use crate::source::{Read, ReadOptions, Reads, Source};
 use crate::store::{Change, StoreError};
