@@ -1066,6 +1066,9 @@ fn replay_scenario(report: &mut Report, n: usize, which: ReplayScenarios) -> Res
         ));
         one_thread_result = Some(output.result);
     }
+    if one_thread {
+        conditions_cost(report, &stream, lines, &size)?;
+    }
     if replay {
         // As `fake-watcher replay` runs: decoding on a thread of its own.
         let input = std::io::Cursor::new(stream.clone());
@@ -1118,6 +1121,52 @@ fn replay_scenario(report: &mut Report, n: usize, which: ReplayScenarios) -> Res
             (target, met),
         ));
     }
+    Ok(())
+}
+
+/// What writing the Service condition costs the replay: the same stream on
+/// one thread with and without it, in turns, best of three each.
+fn conditions_cost(report: &mut Report, stream: &[u8], lines: usize, size: &str) -> Result<()> {
+    let mut with = Duration::MAX;
+    let mut without = Duration::MAX;
+    let bare = ReplayOptions {
+        without_conditions: true,
+        ..ReplayOptions::default()
+    };
+    for _ in 0..3 {
+        for (options, best) in [
+            (&ReplayOptions::default(), &mut with),
+            (&bare, &mut without),
+        ] {
+            let start = Instant::now();
+            replay_blocking("replay", stream, options, &mut ())?;
+            *best = (*best).min(start.elapsed());
+        }
+    }
+    let cost = with.as_secs_f64() / without.as_secs_f64() - 1.0;
+    report.number("conditions_cost_fraction", cost);
+    let met = cost <= 0.10;
+    report.target(
+        "conditions_cost_fraction <= 0.10",
+        met,
+        format!(
+            "replay on one thread {} with conditions, {} without: {:+.1}%",
+            human(with.as_secs_f64()),
+            human(without.as_secs_f64()),
+            cost * 100.0
+        ),
+    );
+    report.rows.push(events_row(
+        "replay without conditions",
+        size,
+        without,
+        lines,
+        ", one thread",
+        (
+            format!("<= 10% faster (conditions cost {:+.1}%)", cost * 100.0),
+            Some(met),
+        ),
+    ));
     Ok(())
 }
 

@@ -60,6 +60,7 @@ impl Plugin {
         let config = ControllerConfig {
             lb_class: options.lb_class.clone(),
             exhaustive: options.exhaustive,
+            without_conditions: options.without_conditions,
         };
         let controller = Arc::new(AllocatingController::new(
             Arc::clone(&cache) as Arc<dyn Store>,

@@ -11,6 +11,7 @@
 //! be idle before the next one, and fails (rather than hang) if the
 //! controller writes past a per-line limit ([`WRITES_PER_LINE`]).
 
+use std::collections::{BTreeSet, HashMap};
 use std::io::BufRead;
 
 use k8s_openapi::api::core::v1::Service;
@@ -26,7 +27,9 @@ use crate::result::{
 };
 use crate::source::{Read, ReadOptions, Reads, Source};
 use crate::store::{Change, StoreError};
-use crate::stream::{LineError, Object, StreamError, WatchEvent, DEFAULT_MAX_LINE_BYTES};
+use crate::stream::{
+    service_key_of, LineError, Object, StreamError, WatchEvent, DEFAULT_MAX_LINE_BYTES,
+};
 
 /// Write attempts allowed for one line: this many, plus
 /// [`WRITES_PER_SERVICE`] per Service in the store. A line may make every
@@ -69,6 +72,9 @@ pub struct ReplayOptions {
     /// Reconcile settled Services too (`ControllerConfig::exhaustive`):
     /// the same output, slower; for tests.
     pub exhaustive: bool,
+    /// Write no Service condition (`ControllerConfig::without_conditions`):
+    /// for the benchmark that measures what the condition costs.
+    pub without_conditions: bool,
 }
 
 impl Default for ReplayOptions {
@@ -87,6 +93,7 @@ impl Default for ReplayOptions {
             writes_per_line: WRITES_PER_LINE,
             writes_per_service: WRITES_PER_SERVICE,
             exhaustive: false,
+            without_conditions: false,
         }
     }
 }
@@ -146,6 +153,12 @@ pub struct ReplayOutput {
     pub skipped: Vec<StreamError>,
     /// Invariants broken after a line (when checked): `(line, problems)`.
     pub violations: Vec<(u64, Vec<String>)>,
+    /// The addresses each Service's status showed when the stream first
+    /// gave it some, for the table's `(was ...)` (docs/replay.md §2.1).
+    pub first_ips: HashMap<String, Vec<String>>,
+    /// The LoadBalancer Services of another `loadBalancerClass`: not
+    /// handled by this replay.
+    pub other_class: BTreeSet<String>,
 }
 
 /// A replay that could not finish.
@@ -343,6 +356,7 @@ async fn run(
             Read::Lookahead(_) => continue,
         };
         observer.position(record.line, record.bytes);
+        note_first_ips(&record.event, &mut output.first_ips);
         observer.before_line(record.line, &host.plugin);
         let event = match record.event {
             WatchEvent::Bookmark | WatchEvent::Skipped { .. } => continue,
@@ -384,6 +398,7 @@ async fn run(
     }
     observer.finished(&host.plugin);
     output.result = host.result();
+    output.other_class = host.other_class(options.lb_class.as_deref());
     Ok(())
 }
 
@@ -596,6 +611,27 @@ impl Host {
         }
     }
 
+    /// The LoadBalancer Services whose class is not `lb_class` (an empty
+    /// class being none, as the controller reads it).
+    fn other_class(&self, lb_class: Option<&str>) -> BTreeSet<String> {
+        let ours = lb_class.filter(|class| !class.is_empty());
+        self.plugin
+            .store
+            .services()
+            .into_iter()
+            .filter(|(_, service)| is_load_balancer(service))
+            .filter(|(_, service)| {
+                let class = service
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.load_balancer_class.as_deref())
+                    .filter(|class| !class.is_empty());
+                class != ours
+            })
+            .map(|(key, _)| key)
+            .collect()
+    }
+
     /// Stops the worker, then frees everything as `teardown` says; fails if
     /// the worker had panicked.
     async fn stop(mut self, teardown: Teardown) -> Result<(), ReplayError> {
@@ -609,6 +645,29 @@ impl Host {
         }
         stopped
     }
+}
+
+/// Books the addresses a Service's status shows the first time the stream
+/// gives it some.
+fn note_first_ips(event: &WatchEvent, first_ips: &mut HashMap<String, Vec<String>>) {
+    let (WatchEvent::Added(Object::Service { service, .. })
+    | WatchEvent::Modified(Object::Service { service, .. })) = event
+    else {
+        return;
+    };
+    let ingress = service
+        .status
+        .as_ref()
+        .and_then(|status| status.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_deref())
+        .unwrap_or_default();
+    if ingress.is_empty() {
+        return;
+    }
+    let key = service_key_of(&service.metadata);
+    first_ips
+        .entry(key)
+        .or_insert_with(|| ingress.iter().filter_map(|i| i.ip.clone()).collect());
 }
 
 fn is_load_balancer(service: &Service) -> bool {

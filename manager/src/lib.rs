@@ -16,9 +16,9 @@ pub use client::{
     POOL_ANNOTATION,
 };
 pub use controller::{
-    reason, AllocatingController, Asks, Controller, ControllerConfig, ControllerStats,
-    Explanation, Judgement, NotHandled, Reconsider, RestoreOutcome, ServiceHolding, Shows,
-    SyncOutcome, SyncState, WakeOn,
+    reason, AllocatingController, Asks, Controller, ControllerConfig, ControllerStats, Explanation,
+    Judgement, NotHandled, Reconsider, RestoreOutcome, ServiceHolding, Shows, SyncOutcome,
+    SyncState, WakeOn,
 };
 pub use manager::{Manager, ManagerConfig};
 pub use store::{DashMapStore, Store};

@@ -58,6 +58,10 @@ pub struct ControllerConfig {
     /// shortcuts change nothing (see [`RestoreOutcome::Settled`] and
     /// [`Controller::is_settled_update`]).
     pub exhaustive: bool,
+    /// Write no `metallb.io/AddressAssigned` condition (and leave what the
+    /// Services show): only for the benchmark that measures what writing
+    /// it costs. A host keeps the condition.
+    pub without_conditions: bool,
 }
 
 impl ControllerConfig {
@@ -65,6 +69,13 @@ impl ControllerConfig {
     #[must_use]
     pub fn lb_class(mut self, class: impl Into<String>) -> Self {
         self.lb_class = Some(class.into());
+        self
+    }
+
+    /// Write no condition (see [`ControllerConfig::without_conditions`]).
+    #[must_use]
+    pub fn without_conditions(mut self) -> Self {
+        self.without_conditions = true;
         self
     }
 }
@@ -131,6 +142,7 @@ impl State {
         service: &Service,
         families: FamilyPolicy,
         requested: &[IpAddr],
+        with_condition: bool,
     ) -> bool {
         if !self.nothing_pending(key) {
             return false;
@@ -138,16 +150,19 @@ impl State {
         let Some((pool, ips)) = self.allocator.held(key) else {
             return false;
         };
-        let condition = ServiceCondition {
-            assigned: true,
-            reason: reason::ASSIGNED.to_owned(),
-            message: format!("Assigned IP {}", quoted(ips)),
-            observed_generation: service.metadata.generation,
+        let shows_condition = || {
+            let condition = ServiceCondition {
+                assigned: true,
+                reason: reason::ASSIGNED.to_owned(),
+                message: format!("Assigned IP {}", quoted(ips)),
+                observed_generation: service.metadata.generation,
+            };
+            condition.is_shown(service)
         };
         !incomplete(families, ips, requested)
             && pool_annotation(service) == Some(pool)
             && status_shows(service, ips)
-            && condition.is_shown(service)
+            && (!with_condition || shows_condition())
     }
 }
 
@@ -390,7 +405,8 @@ impl AllocatingController {
         }
         let warned = announce_warning(state, key, service, &decision.outcome, &mut events);
         let after = state.allocator.holding(key);
-        let condition = condition_for(key, service, &decision.outcome, after.as_ref());
+        let condition = (!self.config.without_conditions)
+            .then(|| condition_for(key, service, &decision.outcome, after.as_ref()));
         let write = desired_write(service, after.as_ref(), condition);
         // Announced with a write of the addresses or pool (§4.2), not of
         // the condition alone.
@@ -490,7 +506,13 @@ impl AllocatingController {
                 let settled = !self.config.exhaustive
                     && view.requested.is_ok()
                     && view.families.is_some_and(|families| {
-                        state.shows_holding(key, service, families, requested)
+                        state.shows_holding(
+                            key,
+                            service,
+                            families,
+                            requested,
+                            !self.config.without_conditions,
+                        )
                     });
                 let outcome = if waits_for_family {
                     RestoreOutcome::KeptIncomplete
@@ -600,15 +622,16 @@ fn announce_warning(
 fn desired_write(
     service: &Service,
     after: Option<&AllocatorHolding>,
-    condition: ServiceCondition,
+    condition: Option<ServiceCondition>,
 ) -> Option<ServiceWrite> {
     let shows = status_shows(service, after.map_or(&[], |h| &h.ips))
         && pool_annotation(service) == after.map(|h| h.pool.as_str())
-        && condition.is_shown(service);
+        && condition.as_ref().is_none_or(|c| c.is_shown(service));
     (!shows).then(|| ServiceWrite {
         ingress: after.map(|h| h.ips.clone()).unwrap_or_default(),
         pool: after.map(|h| h.pool.clone()),
-        condition: Some(condition),
+        // Without conditions, what the Service shows stays.
+        condition: condition.or_else(|| ServiceCondition::shown(service)),
     })
 }
 
@@ -1022,11 +1045,16 @@ impl Controller for AllocatingController {
         let namespace = self.store.namespace(view.namespace);
         let request = view.request(key, families, labels_of(&namespace), requested);
         let state = self.lock();
-        state.shows_holding(key, new, families, requested)
-            && state
-                .allocator
-                .held(key)
-                .is_some_and(|(_, ips)| state.allocator.can_keep(&request, ips).is_ok())
+        state.shows_holding(
+            key,
+            new,
+            families,
+            requested,
+            !self.config.without_conditions,
+        ) && state
+            .allocator
+            .held(key)
+            .is_some_and(|(_, ips)| state.allocator.can_keep(&request, ips).is_ok())
     }
 
     async fn restore(&self, key: &str, service: &Service) -> RestoreOutcome {
