@@ -9,7 +9,7 @@
 //! current, hands it every object of the cache (namespaces, then pools, then
 //! Services oldest first), and marks it synced once every watcher finished
 //! its initial list: the manager then rebuilds its state from the Services'
-//! statuses (DESIGN.md §4.5) and changes no address. On losing the lease the
+//! statuses (docs/allocation.md, restarts) and changes no address. On losing the lease the
 //! gate shuts at once (the client refuses writes), the term's worker and
 //! pool status writer are cancelled, and the Manager is dropped.
 

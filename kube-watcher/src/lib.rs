@@ -19,7 +19,7 @@
 //! - [`logging`]: the log subscriber (text, no colour unless on a
 //!   terminal).
 //! - [`retry`]: watch retries that back off, and log a failure once.
-//! - [`record`]: `kube-watcher record`, a cluster as a REPLAY.md stream.
+//! - [`record`]: `kube-watcher record`, a cluster as a replay stream (docs/replay.md).
 //! - [`crd`]: the `IPAddressPool` CustomResource, from the allocator's spec
 //!   types, and `deploy/crd/crd.yaml`.
 //!

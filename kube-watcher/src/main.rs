@@ -2,7 +2,7 @@
 //!
 //! - `run`: watch Services, `IPAddressPool`s and Namespaces, elect a leader,
 //!   allocate and write (see the library's crate documentation).
-//! - `record -o FILE`: write the cluster as a REPLAY.md stream.
+//! - `record -o FILE`: write the cluster as a replay stream (docs/replay.md).
 //! - `crd`: print the `IPAddressPool` CustomResourceDefinition.
 
 use std::fs::File;

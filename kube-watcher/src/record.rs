@@ -1,5 +1,5 @@
 //! `kube-watcher record`: the cluster's current objects, then its watch
-//! events, as a REPLAY.md stream that `fake-watcher replay` replays offline.
+//! events, as a replay stream (docs/replay.md) that `fake-watcher replay` replays offline.
 //!
 //! The three kinds are watched at once. Until every initial list is
 //! complete nothing is written and later events are held back; then the
@@ -305,7 +305,7 @@ fn item_kind(item: &Item) -> &'static str {
     }
 }
 
-/// The least a `DELETED` line needs (REPLAY.md §1).
+/// The least a `DELETED` line needs (docs/replay.md).
 fn deleted_object(kind: &'static str, key: &str) -> Value {
     let (api_version, namespace, name) = match (kind, key.split_once('/')) {
         ("IPAddressPool", Some((namespace, name))) => ("metallb.io/v1beta1", Some(namespace), name),

@@ -116,7 +116,7 @@ impl<H: NamespaceHandler + ?Sized> Sink<Namespace> for NamespaceSink<H> {
 }
 
 /// Tracks which kinds have finished their initial list; synced once every
-/// expected kind has (DESIGN.md §4.5: then the host marks the manager
+/// expected kind has (docs/allocation.md: then the host marks the manager
 /// synced). Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct SyncTracker {

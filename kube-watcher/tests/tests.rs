@@ -17,7 +17,7 @@ mod host;
 // What an operator sees: election status, Lease errors, watch backoff, logs.
 mod operation;
 
-// `kube-watcher record`: a REPLAY.md stream that fake-watcher replays.
+// `kube-watcher record`: a replay stream (docs/replay.md) that fake-watcher replays.
 mod record;
 
 // deploy/crd/crd.yaml is what the Rust types generate.
