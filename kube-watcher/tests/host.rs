@@ -174,7 +174,10 @@ async fn allocates_with_merge_patches_events_and_pool_status() {
     assert!(lease["spec"].get("holderIdentity").is_none(), "{lease}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// On tokio's paused clock (one thread: the host and the stub): time moves
+/// only when every task waits, so the look below ends when the host has
+/// nothing left to do, not after a guess of real time.
+#[tokio::test(start_paused = true)]
 async fn nothing_is_decided_before_every_initial_list() {
     let stub = cluster().await;
     stub.hold_lists(Kind::Pool);
@@ -188,7 +191,7 @@ async fn nothing_is_decided_before_every_initial_list() {
     assert!(!host.synced().is_synced());
     assert!(!host.metrics().is_ready());
     // Leading with Services cached, but the pool list is not in: nothing
-    // may be decided (a bounded look for writes that must not come).
+    // may be decided (300 ms of virtual time: lease renewals, no writes).
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(object_writes(&stub, 0).is_empty());
 
@@ -277,7 +280,9 @@ async fn a_watch_ending_in_410_relists_and_changes_nothing() {
     host.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// On tokio's paused clock: the intruder's 3 s lease runs out in virtual
+/// time, and the look for writes ends when the host is idle.
+#[tokio::test(start_paused = true)]
 async fn losing_the_lease_stops_writes_and_the_next_term_keeps_addresses() {
     let stub = cluster().await;
     let host = Host::start(stub.client("a"), config("a"));
@@ -296,8 +301,8 @@ async fn losing_the_lease_stops_writes_and_the_next_term_keeps_addresses() {
         host.store().service("ns/web2").is_some()
     })
     .await;
-    // A follower with web2 in its cache: no write may come (a bounded look,
-    // well inside the intruder's 3s lease).
+    // A follower with web2 in its cache: no write may come (300 ms of
+    // virtual time, well inside the intruder's 3 s lease).
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !*host.leader().borrow(),
