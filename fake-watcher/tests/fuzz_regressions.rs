@@ -109,7 +109,7 @@ fn a_name_with_a_slash_is_refused() {
 /// the holders of a shared address are listed in a random order, and a
 /// refusal names whichever comes first. In a replay that is an
 /// `AllocationFailed` (or `ClearAssignment`) message that differs from run
-/// to run: two replays of one stream are not byte-identical (DESIGN.md §6).
+/// to run: two replays of one stream are not byte-identical (docs/allocation.md §6).
 #[test]
 fn a_refusal_on_a_shared_address_names_the_same_holder_every_time() {
     let pool = |auto_assign: bool| {
@@ -160,7 +160,7 @@ fn a_refusal_on_a_shared_address_names_the_same_holder_every_time() {
 /// the held address still fits it: with another sharing key, the shared
 /// address ends up held under two keys (`check_invariants` fails). The
 /// controller only calls it after `keep` succeeded with the same request,
-/// so a replay does not reach it; the allocator's own API does (DESIGN.md
+/// so a replay does not reach it; the allocator's own API does (docs/allocation.md
 /// §4.8: no input may corrupt the allocator).
 #[test]
 fn completing_a_dual_stack_service_checks_its_held_address() {

@@ -1,4 +1,4 @@
-//! Property tests of whole replays (DESIGN.md §4.8 and §6, issue #6).
+//! Property tests of whole replays (docs/allocation.md §4.8 and §6, issue #6).
 //!
 //! Random streams over a small cluster (a dozen Service keys, four pools of a
 //! few addresses each, so Services contend) mix creates and updates of
@@ -698,7 +698,7 @@ fn text_of(lines: &[Line]) -> String {
     })
 }
 
-/// The store as the stream leaves it (REPLAY.md §1.2), without what the
+/// The store as the stream leaves it (docs/replay.md §1.2), without what the
 /// controller writes.
 #[derive(Debug, Default)]
 struct Model {
@@ -1092,7 +1092,7 @@ fn a_restart_keeps_every_address() {
             // Service that waited for its other family may get it at the
             // restart: the sync passes reconsider everything, while a
             // change that made room without a release (a holder's new
-            // sharing key) wakes no one (DESIGN.md §4.6).
+            // sharing key) wakes no one (docs/allocation.md §4.6).
             let kept = restarted.is_some_and(|(now, now_pool)| {
                 let completed = ips.len() == 1 && now.len() == 2;
                 now_pool == &pool && (now == &ips || completed && now.contains(&ips[0]))
