@@ -53,13 +53,7 @@ impl ServiceCondition {
 
     /// The condition as the Service `service` shows it, if it does.
     pub fn shown(service: &Service) -> Option<ServiceCondition> {
-        let shown = service
-            .status
-            .as_ref()?
-            .conditions
-            .as_ref()?
-            .iter()
-            .find(|c| c.type_ == CONDITION_TYPE)?;
+        let shown = Self::find(service)?;
         Some(ServiceCondition {
             assigned: shown.status == "True",
             reason: shown.reason.clone(),
@@ -71,7 +65,24 @@ impl ServiceCondition {
     /// Whether `service` shows exactly this condition (no write would
     /// change it).
     pub fn is_shown(&self, service: &Service) -> bool {
-        Self::shown(service).as_ref() == Some(self)
+        // Compared in place: this runs on every echo of a write.
+        Self::find(service).is_some_and(|shown| {
+            shown.status == self.status()
+                && shown.reason == self.reason
+                && shown.message == self.message
+                && shown.observed_generation == self.observed_generation
+        })
+    }
+
+    /// The Kubernetes condition of [`CONDITION_TYPE`] on `service`.
+    pub(crate) fn find(service: &Service) -> Option<&Condition> {
+        service
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == CONDITION_TYPE)
     }
 
     /// `conditions` with ours set to `condition` (or removed), the others

@@ -150,14 +150,17 @@ impl State {
         let Some((pool, ips)) = self.allocator.held(key) else {
             return false;
         };
+        // What condition_for gives a holding, compared in place.
         let shows_condition = || {
-            let condition = ServiceCondition {
-                assigned: true,
-                reason: reason::ASSIGNED.to_owned(),
-                message: format!("Assigned IP {}", quoted(ips)),
-                observed_generation: service.metadata.generation,
-            };
-            condition.is_shown(service)
+            ServiceCondition::find(service).is_some_and(|shown| {
+                shown.status == "True"
+                    && shown.reason == reason::ASSIGNED
+                    && shown.observed_generation == service.metadata.generation
+                    && shown
+                        .message
+                        .strip_prefix("Assigned IP ")
+                        .is_some_and(|listed| listed == quoted(ips))
+            })
         };
         !incomplete(families, ips, requested)
             && pool_annotation(service) == Some(pool)
@@ -235,8 +238,15 @@ fn event(event_type: EventType, reason: &str, mut message: String) -> Event {
 
 /// `["10.0.0.1" "fd00::1"]`, as MetalLB's `%q` of a list of IPs.
 fn quoted(ips: &[IpAddr]) -> String {
-    let inner: Vec<String> = ips.iter().map(|ip| format!("\"{ip}\"")).collect();
-    format!("[{}]", inner.join(" "))
+    use std::fmt::Write as _;
+    let mut text = String::with_capacity(2 + ips.len() * 42);
+    text.push('[');
+    for (i, ip) in ips.iter().enumerate() {
+        let separator = if i == 0 { "" } else { " " };
+        let _ = write!(text, "{separator}\"{ip}\"");
+    }
+    text.push(']');
+    text
 }
 
 fn quoted_strings(ips: &[String]) -> String {
