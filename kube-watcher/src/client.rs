@@ -1,8 +1,12 @@
 //! [`manager::Client`] over the Kubernetes API: the pool annotation by a
-//! merge patch of `metadata.annotations`, the addresses by a merge patch of
-//! the status subresource, Events through kube-runtime's recorder. Every
-//! write first asks the [`LeaderGate`]; a replica that is not leading writes
-//! nothing.
+//! merge patch of `metadata.annotations`; the addresses and the
+//! `metallb.io/AddressAssigned` condition by a strategic merge patch of the
+//! status subresource (the Service API declares `type` the merge key of
+//! `status.conditions`, so other controllers' conditions stay: a server-side
+//! apply would do too, but would make us own the whole ingress list's
+//! entries per field manager and cost a managedFields entry per Service);
+//! Events through kube-runtime's recorder. Every write first asks the
+//! [`LeaderGate`]; a replica that is not leading writes nothing.
 //!
 //! Events are handed to a task of their own that publishes them one at a
 //! time, in order: the manager's worker does not wait for an Event's round
@@ -17,10 +21,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::Resource;
-use manager::{Client, ClientError, Event, EventType, ServiceWrite, Store, POOL_ANNOTATION};
+use manager::{
+    Client, ClientError, Event, EventType, ServiceCondition, ServiceWrite, Store, CONDITION_TYPE,
+    POOL_ANNOTATION,
+};
 use serde_json::{json, Value};
 
 use crate::lease::LeaderGate;
@@ -112,16 +120,78 @@ pub fn annotation_patch(pool: Option<&str>) -> Value {
     json!({"metadata": {"annotations": {POOL_ANNOTATION: pool}}})
 }
 
-/// The merge patch of the status subresource that sets the ingress
-/// addresses (or, when empty, removes the list).
-pub fn status_patch(ingress: &[IpAddr]) -> Value {
-    let ingress: Option<Vec<Value>> = (!ingress.is_empty()).then(|| {
-        ingress
-            .iter()
-            .map(|ip| json!({"ip": ip.to_string()}))
-            .collect()
-    });
-    json!({"status": {"loadBalancer": {"ingress": ingress}}})
+/// What a status patch does to our condition.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ConditionChange {
+    /// Leave `status.conditions` out of the patch.
+    Keep,
+    /// Set ours (merged on `type`: other conditions stay).
+    Set(Condition),
+    /// Remove ours (a `$patch: delete` directive on `type`).
+    Remove,
+}
+
+/// The strategic merge patch of the status subresource that sets the
+/// ingress addresses (`None`: left out; empty: the list removed) and our
+/// condition. `status.loadBalancer.ingress` has no merge key, so the list
+/// given replaces the one stored; `status.conditions` merges on `type`.
+pub fn status_patch(ingress: Option<&[IpAddr]>, condition: &ConditionChange) -> Value {
+    let mut status = serde_json::Map::new();
+    if let Some(ingress) = ingress {
+        let list: Option<Vec<Value>> = (!ingress.is_empty()).then(|| {
+            ingress
+                .iter()
+                .map(|ip| json!({"ip": ip.to_string()}))
+                .collect()
+        });
+        status.insert("loadBalancer".to_owned(), json!({"ingress": list}));
+    }
+    match condition {
+        ConditionChange::Keep => {}
+        ConditionChange::Set(condition) => {
+            let value = serde_json::to_value(condition).unwrap_or(Value::Null);
+            status.insert("conditions".to_owned(), json!([value]));
+        }
+        ConditionChange::Remove => {
+            status.insert(
+                "conditions".to_owned(),
+                json!([{"type": CONDITION_TYPE, "$patch": "delete"}]),
+            );
+        }
+    }
+    json!({ "status": status })
+}
+
+/// Our condition as the cached `service` shows it, whole (with its
+/// `lastTransitionTime`).
+fn current_condition(service: &Service) -> Option<&Condition> {
+    service
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == CONDITION_TYPE)
+}
+
+/// What the status patch must do to our condition for `wanted`, given the
+/// cached `current` Service: `lastTransitionTime` kept while the status is
+/// unchanged, else `now` ([`ServiceCondition::merge_into`]).
+pub fn condition_change(
+    current: Option<&Service>,
+    wanted: Option<&ServiceCondition>,
+    now: &Time,
+) -> ConditionChange {
+    let shown = current.and_then(current_condition);
+    let mut conditions: Vec<Condition> = shown.cloned().into_iter().collect();
+    ServiceCondition::merge_into(wanted, &mut conditions, now);
+    match conditions.into_iter().next() {
+        Some(ours) if shown == Some(&ours) => ConditionChange::Keep,
+        Some(ours) => ConditionChange::Set(ours),
+        // With no cached object, the removal is sent anyway.
+        None if shown.is_some() || current.is_none() => ConditionChange::Remove,
+        None => ConditionChange::Keep,
+    }
 }
 
 fn current_ingress(service: &Service) -> Vec<String> {
@@ -189,8 +259,9 @@ impl KubeClient {
         }
     }
 
-    /// Sends one merge patch (of the object or its status), trying again
-    /// after a 409 Conflict.
+    /// Sends one patch, trying again after a 409 Conflict: of the object a
+    /// merge patch, of its status a strategic merge patch (see
+    /// [`status_patch`]).
     async fn patch(
         &self,
         api: &Api<Service>,
@@ -207,11 +278,11 @@ impl KubeClient {
         loop {
             attempt += 1;
             self.check_gate(key)?;
-            let patch = Patch::Merge(body);
             let result = if status {
-                api.patch_status(name, &params, &patch).await
+                api.patch_status(name, &params, &Patch::Strategic(body))
+                    .await
             } else {
-                api.patch(name, &params, &patch).await
+                api.patch(name, &params, &Patch::Merge(body)).await
             };
             match result {
                 Ok(_) => return Ok(()),
@@ -274,14 +345,17 @@ impl Client for KubeClient {
         let annotation_differs = current
             .as_deref()
             .is_none_or(|service| current_pool(service) != write.pool.as_deref());
-        let status_differs = current
+        let ingress_differs = current
             .as_deref()
             .is_none_or(|service| current_ingress(service) != wanted);
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let condition = condition_change(current.as_deref(), write.condition.as_ref(), &now);
         // Status first: if the annotation write then fails (or the process
         // stops), the status, which is the truth about what a Service holds,
         // is already right, and the retry only adds the annotation.
-        if status_differs {
-            let body = status_patch(&write.ingress);
+        if ingress_differs || condition != ConditionChange::Keep {
+            let ingress = ingress_differs.then_some(write.ingress.as_slice());
+            let body = status_patch(ingress, &condition);
             self.patch(&api, key, name, &body, true).await?;
         }
         if annotation_differs {
@@ -297,6 +371,7 @@ impl Client for KubeClient {
                 service.is_none_or(|service| {
                     current_ingress(service) == wanted
                         && current_pool(service) == write.pool.as_deref()
+                        && ServiceCondition::shown(service) == write.condition
                 })
             })
             .await;
@@ -398,12 +473,79 @@ mod tests {
         );
         let ips: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()];
         assert_eq!(
-            status_patch(&ips),
+            status_patch(Some(&ips), &ConditionChange::Keep),
             json!({"status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.1"}, {"ip": "fd00::1"}]}}})
         );
         assert_eq!(
-            status_patch(&[]),
-            json!({"status": {"loadBalancer": {"ingress": null}}})
+            status_patch(Some(&[]), &ConditionChange::Remove),
+            json!({"status": {"loadBalancer": {"ingress": null},
+                   "conditions": [{"type": "metallb.io/AddressAssigned", "$patch": "delete"}]}})
+        );
+    }
+
+    fn condition(assigned: bool, reason: &str) -> ServiceCondition {
+        ServiceCondition {
+            assigned,
+            reason: reason.to_owned(),
+            message: format!("{reason}!"),
+            observed_generation: Some(2),
+        }
+    }
+
+    fn time(text: &str) -> Time {
+        Time(text.parse().unwrap())
+    }
+
+    fn showing(conditions: Value) -> Service {
+        serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "ns"},
+                                      "status": {"conditions": conditions}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_condition_keeps_its_transition_time_while_its_status_stays() {
+        let now = time("2026-01-02T00:00:00Z");
+        let service = showing(json!([
+            {"type": "other.io/Ready", "status": "True", "reason": "R", "message": "",
+             "lastTransitionTime": "2020-01-01T00:00:00Z"},
+            {"type": CONDITION_TYPE, "status": "False", "reason": "PoolExhausted",
+             "message": "PoolExhausted!", "observedGeneration": 2,
+             "lastTransitionTime": "2025-01-01T00:00:00Z"}
+        ]));
+        // Unchanged: nothing to write.
+        let same = condition(false, "PoolExhausted");
+        assert_eq!(
+            condition_change(Some(&service), Some(&same), &now),
+            ConditionChange::Keep
+        );
+        // Another reason, same status: the time stays.
+        let ConditionChange::Set(set) = condition_change(
+            Some(&service),
+            Some(&condition(false, "NoPoolServes")),
+            &now,
+        ) else {
+            panic!("a write")
+        };
+        assert_eq!(set.reason, "NoPoolServes");
+        assert_eq!(set.last_transition_time, time("2025-01-01T00:00:00Z"));
+        // Another status: now.
+        let ConditionChange::Set(set) =
+            condition_change(Some(&service), Some(&condition(true, "Assigned")), &now)
+        else {
+            panic!("a write")
+        };
+        assert_eq!(
+            (set.status.as_str(), set.last_transition_time),
+            ("True", now.clone())
+        );
+        // Removed, only when shown.
+        assert_eq!(
+            condition_change(Some(&service), None, &now),
+            ConditionChange::Remove
+        );
+        assert_eq!(
+            condition_change(Some(&showing(json!([]))), None, &now),
+            ConditionChange::Keep
         );
     }
 }

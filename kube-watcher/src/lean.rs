@@ -8,7 +8,8 @@
 //! the process at 100k Services. What is kept (see
 //! `manager/src/controller/service.rs` and the host's client):
 //!
-//! - metadata: name, namespace, uid, resourceVersion, creationTimestamp
+//! - metadata: name, namespace, uid, generation (a condition's
+//!   observedGeneration), resourceVersion, creationTimestamp
 //!   (the delivery order), deletionTimestamp, labels (pool selectors), and
 //!   only the `metallb.io/` and `metallb.universe.tf/` annotations (the
 //!   requests and the pool annotation);
@@ -43,6 +44,8 @@ fn lean_metadata(metadata: &mut ObjectMeta, keep: impl Fn(&str) -> bool) {
         name: metadata.name.take(),
         namespace: metadata.namespace.take(),
         uid: metadata.uid.take(),
+        // A condition's observedGeneration.
+        generation: metadata.generation.take(),
         resource_version: metadata.resource_version.take(),
         creation_timestamp: metadata.creation_timestamp.take(),
         deletion_timestamp: metadata.deletion_timestamp.take(),
@@ -151,6 +154,7 @@ mod tests {
                 "apiVersion": "v1", "kind": "Service",
                 "metadata": {
                     "name": "web", "namespace": "shop", "uid": "u1", "resourceVersion": "7",
+                    "generation": 3,
                     "creationTimestamp": "2024-01-01T00:00:00Z",
                     "labels": {"app": "web"},
                     "annotations": {

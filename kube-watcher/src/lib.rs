@@ -6,9 +6,10 @@
 //!   turns watch events, relists included, into subscriber chain calls; the
 //!   initial lists of Services, `IPAddressPool`s and Namespaces end with the
 //!   manager marked synced.
-//! - [`client`]: `manager::Client` over the API: the pool annotation and the
-//!   status subresource by merge patches that touch only our fields, 409
-//!   retried, Events through kube-runtime's recorder.
+//! - [`client`]: `manager::Client` over the API: the pool annotation by a
+//!   merge patch, the addresses and the `metallb.io/AddressAssigned`
+//!   condition by a strategic merge patch of the status subresource (other
+//!   conditions stay), 409 retried, Events through kube-runtime's recorder.
 //! - [`lean`]: what the cache keeps of each object (what the rules read).
 //! - [`lease`]: leader election on a `coordination.k8s.io/v1` Lease, with a
 //!   write gate that shuts the moment leadership may be lost.

@@ -73,9 +73,14 @@ async fn allocates_with_merge_patches_events_and_pool_status() {
     let host = Host::start(stub.client("a"), config("a"));
     wait_for_ips(&stub, "web", &["192.168.10.0"]).await;
 
-    // Exactly two writes, each a merge patch of our fields only, the status
-    // first.
+    // Exactly two writes, each a patch of our fields only, the status
+    // (with our condition, merged on `type`) first.
     let writes = service_writes(&stub, 0);
+    let transition = writes[0].body["status"]["conditions"][0]["lastTransitionTime"].clone();
+    assert!(
+        transition.as_str().is_some_and(|t| t.ends_with('Z')),
+        "{transition}"
+    );
     let shown: Vec<(String, String, String, serde_json::Value)> = writes
         .iter()
         .map(|w| {
@@ -93,8 +98,15 @@ async fn allocates_with_merge_patches_events_and_pool_status() {
             (
                 "PATCH".to_owned(),
                 "/api/v1/namespaces/ns/services/web/status".to_owned(),
-                "application/merge-patch+json".to_owned(),
-                json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.168.10.0"}]}}}),
+                "application/strategic-merge-patch+json".to_owned(),
+                json!({"status": {
+                    "loadBalancer": {"ingress": [{"ip": "192.168.10.0"}]},
+                    "conditions": [{
+                        "type": "metallb.io/AddressAssigned", "status": "True",
+                        "reason": "Assigned", "message": "Assigned IP [\"192.168.10.0\"]",
+                        "observedGeneration": 1, "lastTransitionTime": transition
+                    }]
+                }}),
             ),
             (
                 "PATCH".to_owned(),

@@ -14,6 +14,10 @@ mod support;
 // The host on the stub: writes, sync order, 409, 410 and relists, leases.
 mod host;
 
+// The metallb.io/AddressAssigned condition: merged on type, removed, kept
+// across a restart.
+mod conditions;
+
 // What an operator sees: election status, Lease errors, watch backoff, logs.
 mod operation;
 

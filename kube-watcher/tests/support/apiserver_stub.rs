@@ -6,7 +6,11 @@
 //!   Gone` for a resourceVersion older than the last compaction) of
 //!   Services, Namespaces and `IPAddressPool`s across namespaces;
 //! - JSON merge patches of a Service and of its status subresource, and of
-//!   a pool's status subresource (each a write that watchers see);
+//!   a pool's status subresource; strategic merge patches of a Service and
+//!   its status (a list is replaced, but one with a merge key, such as
+//!   `status.conditions` on `type`, merges on it; `$patch: delete|replace`
+//!   honoured), refused with 415 for a custom resource as an API server
+//!   does (each write one that watchers see);
 //! - Events (`events.k8s.io/v1`: create, patch);
 //! - Leases (`coordination.k8s.io/v1`: get, create, replace with the
 //!   resourceVersion as precondition).
@@ -171,6 +175,9 @@ impl State {
             metadata
                 .entry("uid")
                 .or_insert_with(|| json!(format!("uid-{created}")));
+            if matches!(kind, Kind::Service | Kind::Pool) {
+                metadata.entry("generation").or_insert(json!(1));
+            }
             metadata.entry("creationTimestamp").or_insert_with(|| {
                 json!(format!(
                     "2024-01-01T{:02}:{:02}:{:02}Z",
@@ -224,6 +231,136 @@ pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
         }
         other => *target = other.clone(),
     }
+}
+
+/// The merge key of the list at `path` (dotted, from the object's root) in
+/// a Service, as the Kubernetes API declares it (`patchMergeKey`); lists
+/// without one are replaced whole by a strategic merge patch.
+fn service_merge_key(path: &str) -> Option<&'static str> {
+    match path {
+        "status.conditions" => Some("type"),
+        "metadata.ownerReferences" => Some("uid"),
+        "spec.ports" => Some("port"),
+        _ => None,
+    }
+}
+
+/// A strategic merge patch as the API server applies one: maps merge
+/// (`null` deletes a field, `$patch: delete` the map, `$patch: replace`
+/// replaces it), a list with a merge key merges element by element on that
+/// key (`$patch: delete` removes an element, `$patch: replace` replaces the
+/// list by the others), any other list is replaced.
+pub(crate) fn strategic_merge(
+    target: &mut Value,
+    patch: &Value,
+    path: &str,
+    merge_key: &dyn Fn(&str) -> Option<&'static str>,
+) -> Result<(), String> {
+    match patch {
+        Value::Object(fields) => {
+            match fields.get("$patch").and_then(Value::as_str) {
+                Some("replace") => {
+                    let mut replaced = fields.clone();
+                    replaced.remove("$patch");
+                    *target = Value::Object(replaced);
+                    return Ok(());
+                }
+                Some("delete") => {
+                    *target = Value::Null;
+                    return Ok(());
+                }
+                Some(other) => return Err(format!("unknown $patch {other:?} at {path}")),
+                None => {}
+            }
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let Some(map) = target.as_object_mut() else {
+                return Ok(());
+            };
+            for (field, value) in fields {
+                if field.starts_with('$') {
+                    return Err(format!(
+                        "directive {field} at {path} is not served by the stub"
+                    ));
+                }
+                let child = if path.is_empty() {
+                    field.clone()
+                } else {
+                    format!("{path}.{field}")
+                };
+                if value.is_null() {
+                    map.remove(field);
+                    continue;
+                }
+                let slot = map.entry(field.clone()).or_insert(Value::Null);
+                match (value, merge_key(&child)) {
+                    (Value::Array(items), Some(key)) => {
+                        merge_list(slot, items, key, &child, merge_key)?;
+                    }
+                    _ => strategic_merge(slot, value, &child, merge_key)?,
+                }
+                if slot.is_null() {
+                    map.remove(field);
+                }
+            }
+            Ok(())
+        }
+        other => {
+            *target = other.clone();
+            Ok(())
+        }
+    }
+}
+
+/// Merges `items` into the list `target` on `key` (see [`strategic_merge`]).
+fn merge_list(
+    target: &mut Value,
+    items: &[Value],
+    key: &str,
+    path: &str,
+    merge_key: &dyn Fn(&str) -> Option<&'static str>,
+) -> Result<(), String> {
+    if items
+        .iter()
+        .any(|item| item.get("$patch").and_then(Value::as_str) == Some("replace"))
+    {
+        let kept = items
+            .iter()
+            .filter(|item| item.get("$patch").is_none())
+            .cloned()
+            .collect();
+        *target = Value::Array(kept);
+        return Ok(());
+    }
+    if !target.is_array() {
+        *target = json!([]);
+    }
+    let Some(list) = target.as_array_mut() else {
+        return Ok(());
+    };
+    for item in items {
+        let Some(id) = item.get(key) else {
+            return Err(format!("an element of {path} has no merge key {key:?}"));
+        };
+        let at = list
+            .iter()
+            .position(|existing| existing.get(key) == Some(id));
+        match (item.get("$patch").and_then(Value::as_str), at) {
+            (Some("delete"), Some(at)) => {
+                list.remove(at);
+            }
+            (Some("delete"), None) => {}
+            (Some(other), _) => return Err(format!("unknown $patch {other:?} in {path}")),
+            (None, Some(at)) => {
+                if let Some(existing) = list.get_mut(at) {
+                    strategic_merge(existing, item, path, merge_key)?;
+                }
+            }
+            (None, None) => list.push(item.clone()),
+        }
+    }
+    Ok(())
 }
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -596,6 +733,7 @@ impl Server {
         };
         let content_type = header("content-type").unwrap_or_default();
         let merge = content_type.starts_with("application/merge-patch+json");
+        let strategic = content_type.starts_with("application/strategic-merge-patch+json");
         let replica = header("x-replica");
         let bytes = match request.into_body().collect().await {
             Ok(collected) => collected.to_bytes(),
@@ -698,8 +836,13 @@ impl Server {
                     status: sub,
                 },
             ) => {
-                if !merge {
-                    return status(415, "UnsupportedMediaType", "merge patches only");
+                // As an API server: no strategic merge for custom resources.
+                if !(merge || strategic && kind != Kind::Pool) {
+                    return status(
+                        415,
+                        "UnsupportedMediaType",
+                        "merge patches, and strategic merge patches of built-in kinds, only",
+                    );
                 }
                 let mut state = self.lock();
                 let key = (kind, namespace, name);
@@ -718,7 +861,19 @@ impl Server {
                     }
                     (_, other) => other,
                 };
-                merge_patch(&mut object, &patch);
+                // A spec change is a new generation.
+                if !sub && patch.get("spec").is_some() {
+                    let generation = object["metadata"]["generation"].as_i64().unwrap_or(0);
+                    object["metadata"]["generation"] = json!(generation + 1);
+                }
+                if strategic {
+                    let merged = strategic_merge(&mut object, &patch, "", &service_merge_key);
+                    if let Err(message) = merged {
+                        return status(400, "BadRequest", &message);
+                    }
+                } else {
+                    merge_patch(&mut object, &patch);
+                }
                 let written = state.write(kind, "MODIFIED", object);
                 drop(state);
                 self.bump();

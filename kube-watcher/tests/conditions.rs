@@ -1,0 +1,191 @@
+//! The `metallb.io/AddressAssigned` condition on the stub: the exact
+//! strategic merge patch, other controllers' conditions kept, ours removed
+//! from a Service we stop handling, no write after a restart.
+
+use std::time::Duration;
+
+use kube_watcher::Host;
+use serde_json::{json, Value};
+
+use crate::support::apiserver_stub::{ApiServerStub, Kind, Recorded};
+use crate::support::{config, ingress, namespace, pool, service};
+
+const OURS: &str = "metallb.io/AddressAssigned";
+
+fn status_writes(stub: &ApiServerStub, name: &str, after: u64) -> Vec<Recorded> {
+    let path = format!("/api/v1/namespaces/ns/services/{name}/status");
+    stub.requests()
+        .into_iter()
+        .filter(|r| r.seq > after && r.is_write() && r.path == path)
+        .collect()
+}
+
+fn service_writes(stub: &ApiServerStub, after: u64) -> Vec<Recorded> {
+    stub.requests()
+        .into_iter()
+        .filter(|r| r.seq > after && r.is_write() && r.path.contains("/services/"))
+        .collect()
+}
+
+fn conditions(stub: &ApiServerStub, name: &str) -> Vec<Value> {
+    stub.get(Kind::Service, "ns", name)
+        .and_then(|s| s["status"]["conditions"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+fn condition(stub: &ApiServerStub, name: &str, type_: &str) -> Option<Value> {
+    conditions(stub, name)
+        .into_iter()
+        .find(|c| c["type"] == type_)
+}
+
+async fn settled(host: &Host) {
+    let mut leader = host.leader();
+    tokio::time::timeout(Duration::from_secs(20), leader.wait_for(|l| *l))
+        .await
+        .expect("leads in time")
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), host.idle())
+        .await
+        .expect("idle in time");
+}
+
+/// Another controller's condition, as it would have written it.
+fn theirs() -> Value {
+    json!({"type": "example.com/Healthy", "status": "True", "reason": "Probed",
+           "message": "all good", "lastTransitionTime": "2024-01-01T00:00:00Z"})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_condition_merges_on_type_and_leaves_with_the_service() {
+    let stub = ApiServerStub::start().await;
+    stub.create(namespace("ns"));
+    stub.create(pool("default", &["192.168.10.0/31"]));
+    let mut web = service("ns", "web", "10.96.0.1");
+    web["status"] = json!({"conditions": [theirs()]});
+    stub.create(web);
+    let host = Host::start(stub.client("a"), config("a"));
+    stub.wait_until("web holds an address and shows our condition", |stub| {
+        stub.get(Kind::Service, "ns", "web")
+            .is_some_and(|s| ingress(&s) == ["192.168.10.0"])
+            && condition(stub, "web", OURS).is_some()
+    })
+    .await;
+    settled(&host).await;
+
+    // One status write: the exact strategic merge patch.
+    let writes = status_writes(&stub, "web", 0);
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(
+        writes[0].content_type,
+        "application/strategic-merge-patch+json"
+    );
+    let transition = writes[0].body["status"]["conditions"][0]["lastTransitionTime"].clone();
+    assert_eq!(
+        writes[0].body,
+        json!({"status": {
+            "loadBalancer": {"ingress": [{"ip": "192.168.10.0"}]},
+            "conditions": [{"type": OURS, "status": "True", "reason": "Assigned",
+                            "message": "Assigned IP [\"192.168.10.0\"]",
+                            "observedGeneration": 1, "lastTransitionTime": transition}]
+        }})
+    );
+    // Theirs kept, in place.
+    assert_eq!(conditions(&stub, "web").first(), Some(&theirs()));
+    assert_eq!(conditions(&stub, "web").len(), 2);
+
+    // A Service that cannot be served: False with the reason; theirs kept.
+    let mut full = service("ns", "full", "10.96.0.2");
+    full["status"] = json!({"conditions": [theirs()]});
+    stub.create(service("ns", "other", "10.96.0.3"));
+    stub.wait_until("other holds the second address", |stub| {
+        stub.get(Kind::Service, "ns", "other")
+            .is_some_and(|s| ingress(&s) == ["192.168.10.1"])
+    })
+    .await;
+    stub.create(full);
+    stub.wait_until("full shows PoolExhausted", |stub| {
+        condition(stub, "full", OURS).is_some_and(|c| c["reason"] == "PoolExhausted")
+    })
+    .await;
+    let shown = condition(&stub, "full", OURS).unwrap();
+    assert_eq!(shown["status"], "False");
+    assert!(
+        shown["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Failed to allocate IP for \"ns/full\": no available IPs"),
+        "{shown}"
+    );
+    assert_eq!(
+        condition(&stub, "full", "example.com/Healthy"),
+        Some(theirs())
+    );
+    let full_writes = status_writes(&stub, "full", 0);
+    assert_eq!(full_writes.len(), 1, "{full_writes:?}");
+    assert!(
+        full_writes[0].body["status"].get("loadBalancer").is_none(),
+        "no ingress to change: {}",
+        full_writes[0].body
+    );
+
+    // web stops being a LoadBalancer: ours goes with a delete directive,
+    // theirs stays.
+    let mark = stub.last_seq();
+    let mut web = stub.get(Kind::Service, "ns", "web").unwrap();
+    web["spec"]["type"] = json!("ClusterIP");
+    stub.create(web);
+    stub.wait_until("web lost our condition", |stub| {
+        condition(stub, "web", OURS).is_none()
+    })
+    .await;
+    settled(&host).await;
+    let writes = status_writes(&stub, "web", mark);
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(
+        writes[0].body,
+        json!({"status": {
+            "loadBalancer": {"ingress": null},
+            "conditions": [{"type": OURS, "$patch": "delete"}]
+        }})
+    );
+    assert_eq!(conditions(&stub, "web"), [theirs()]);
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_on_services_showing_the_condition_writes_nothing() {
+    let stub = ApiServerStub::start().await;
+    stub.create(namespace("ns"));
+    stub.create(pool("default", &["192.168.10.0/31"]));
+    for (name, ip) in [
+        ("web", "10.96.0.1"),
+        ("db", "10.96.0.2"),
+        ("late", "10.96.0.3"),
+    ] {
+        stub.create(service("ns", name, ip));
+    }
+    let first = Host::start(stub.client("a"), config("a"));
+    stub.wait_until("every Service shows our condition", |stub| {
+        ["web", "db", "late"]
+            .iter()
+            .all(|name| condition(stub, name, OURS).is_some())
+    })
+    .await;
+    settled(&first).await;
+    assert_eq!(
+        condition(&stub, "late", OURS).unwrap()["reason"],
+        "PoolExhausted"
+    );
+    first.shutdown().await;
+
+    let mark = stub.last_seq();
+    let second = Host::start(stub.client("b"), config("b"));
+    settled(&second).await;
+    assert!(
+        service_writes(&stub, mark).is_empty(),
+        "{:?}",
+        service_writes(&stub, mark)
+    );
+    second.shutdown().await;
+}
