@@ -18,6 +18,7 @@
 mod client;
 mod config;
 mod decode;
+mod explain;
 mod lookahead;
 mod output;
 mod plugin;
@@ -26,9 +27,14 @@ mod result;
 mod source;
 mod store;
 mod stream;
+mod what_if;
 
 pub use client::{EventRecord, FailurePlan, MemoryClient, WriteOutcome, WriteRecord};
 pub use config::{load_legacy_config, parse_legacy_config, ConfigError};
+pub use explain::{
+    explain_stream, render_explanation, AsksDocument, ConditionDocument, EventDocument,
+    ExplainDocument, KeepDocument, OutcomeDocument, PoolDocument, ShowsDocument,
+};
 pub use lookahead::SPOOL_MEMORY_BYTES;
 pub use output::{render, render_json, render_table, render_yaml, OutputError, OutputFormat};
 pub use plugin::{NotIdle, Plugin};
@@ -44,4 +50,8 @@ pub use store::{Change, Delta, ReplayStore, StoreError, SERVICE_CIDR_V4, SERVICE
 pub use stream::{
     decode_event, EventType, Kind, LineError, Object, ObjectRef, Record, StreamError, StreamReader,
     WatchEvent, DEFAULT_MAX_LINE_BYTES, DEFAULT_NAMESPACE,
+};
+pub use what_if::{
+    load_apply_file, parse_apply, parse_delete, render_what_if, what_if, ServiceChange,
+    ServiceState, WhatIfError, WhatIfReport,
 };

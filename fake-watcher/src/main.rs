@@ -1,6 +1,8 @@
 //! `fake-watcher replay STREAM`: replays a recorded watch stream through the
 //! allocator plugin and prints what it would do (docs/replay.md §2).
 
+mod commands;
+
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, IsTerminal, Write};
 use std::path::PathBuf;
@@ -37,6 +39,10 @@ struct Cli {
 enum Command {
     /// Replay a JSON Lines stream of watch events and print the result.
     Replay(ReplayArgs),
+    /// Explain the decision for one Service (docs/replay.md §3.1).
+    Explain(commands::ExplainArgs),
+    /// Replay, apply objects and deletions, and show what changes.
+    WhatIf(commands::WhatIfArgs),
 }
 
 #[derive(clap::Args)]
@@ -86,6 +92,8 @@ fn main() -> ExitCode {
     init_logs();
     match cli.command {
         Command::Replay(args) => run_replay(&args),
+        Command::Explain(args) => commands::run_explain(&args),
+        Command::WhatIf(args) => commands::run_what_if(&args),
     }
 }
 
