@@ -36,7 +36,10 @@ pub use explain::{
     ExplainDocument, KeepDocument, OutcomeDocument, PoolDocument, ShowsDocument,
 };
 pub use lookahead::SPOOL_MEMORY_BYTES;
-pub use output::{render, render_json, render_table, render_yaml, OutputError, OutputFormat};
+pub use output::{
+    render, render_json, render_table, render_table_with, render_yaml, OutputError, OutputFormat,
+    TableNotes,
+};
 pub use plugin::{NotIdle, Plugin};
 pub use replay::{
     replay, replay_blocking, replay_pipelined, replay_with, Observer, ReplayError, ReplayOptions,

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fake_watcher::{
-    load_legacy_config, render, replay_pipelined, Observer, OutputFormat, ReplayError,
-    ReplayOptions, StreamError,
+    load_legacy_config, render, render_table_with, replay_pipelined, Observer, OutputFormat,
+    ReplayError, ReplayOptions, StreamError, TableNotes,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tracing_subscriber::EnvFilter;
@@ -68,6 +68,10 @@ struct ReplayArgs {
     /// Never show the progress line.
     #[arg(long, short)]
     quiet: bool,
+    /// List in the table the Services of another loadBalancerClass too,
+    /// as `other class`.
+    #[arg(long)]
+    all: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -289,14 +293,25 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
         }
     };
     let format = OutputFormat::from(args.output);
-    let text = match render(&output.result, format) {
+    let rendered = match format {
+        OutputFormat::Table => {
+            let notes = TableNotes {
+                first_ips: Some(&output.first_ips),
+                other_class: Some(&output.other_class),
+                all: args.all,
+            };
+            Ok(render_table_with(&output.result, notes))
+        }
+        _ => render(&output.result, format),
+    };
+    let text = match rendered {
         Ok(text) => text,
         Err(error) => {
             eprintln!("{error}");
             return ExitCode::from(FAILED);
         }
     };
-    if format == OutputFormat::Table && output.result.services.is_empty() {
+    if format == OutputFormat::Table && text.is_empty() {
         eprintln!("No LoadBalancer services found.");
     }
     let mut stdout = io::stdout().lock();

@@ -1,11 +1,13 @@
 //! Printing a [`ReplayResult`] (docs/replay.md §2–§3): a kubectl-like table, the
 //! JSON document, or the same document as YAML.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+
+use manager::CONDITION_TYPE;
 use std::fmt;
 use std::str::FromStr;
 
-use crate::result::ReplayResult;
+use crate::result::{ReplayResult, ServiceResult};
 
 /// How to print a result.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,14 +80,39 @@ pub fn render_yaml(result: &ReplayResult) -> Result<String, OutputError> {
 }
 
 /// Header of the table's columns.
-const HEADER: [&str; 5] = ["NAMESPACE", "NAME", "EXTERNAL-IP", "POOL", "WARNING"];
+const HEADER: [&str; 6] = [
+    "NAMESPACE",
+    "NAME",
+    "EXTERNAL-IP",
+    "POOL",
+    "WARNING",
+    "REASON",
+];
 /// Spaces between columns, as kubectl.
 const PADDING: usize = 3;
 
+/// What the table shows beside the result (docs/replay.md §2.1).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TableNotes<'a> {
+    /// The addresses each Service first showed in the stream: a Service
+    /// whose addresses changed is marked `(was ...)`.
+    pub first_ips: Option<&'a HashMap<String, Vec<String>>>,
+    /// The Services of another `loadBalancerClass`: left out, or with
+    /// `all` listed as `other class`.
+    pub other_class: Option<&'a BTreeSet<String>>,
+    pub all: bool,
+}
+
 /// kubectl-like rows: NAMESPACE, NAME, EXTERNAL-IP (comma-separated,
-/// `<pending>` when none), POOL (`<none>` when none) and the reason of the
-/// last Warning Event of the Service (empty when none).
+/// `<pending>` when none), POOL (`<none>` when none), the reason of the
+/// last Warning Event of the Service (empty when none) and the reason of
+/// its `metallb.io/AddressAssigned` condition when that is `False`.
 pub fn render_table(result: &ReplayResult) -> String {
+    render_table_with(result, TableNotes::default())
+}
+
+/// [`render_table`] with the marks of `notes`.
+pub fn render_table_with(result: &ReplayResult, notes: TableNotes<'_>) -> String {
     if result.services.is_empty() {
         return String::new();
     }
@@ -93,29 +120,20 @@ pub fn render_table(result: &ReplayResult) -> String {
     for event in result.events.iter().filter(|e| e.event_type == "Warning") {
         last_warning.insert(&event.key, &event.reason);
     }
-    let mut rows: Vec<[String; 5]> = vec![HEADER.map(str::to_owned)];
+    let mut rows: Vec<[String; 6]> = vec![HEADER.map(str::to_owned)];
     for service in &result.services {
-        let (namespace, name) = service
-            .key
-            .split_once('/')
-            .unwrap_or(("", service.key.as_str()));
-        let ips = if service.ips.is_empty() {
-            "<pending>".to_owned()
-        } else {
-            service.ips.join(",")
-        };
-        rows.push([
-            namespace.to_owned(),
-            name.to_owned(),
-            ips,
-            service.pool.clone().unwrap_or_else(|| "<none>".to_owned()),
-            last_warning
-                .get(service.key.as_str())
-                .map(|reason| (*reason).to_owned())
-                .unwrap_or_default(),
-        ]);
+        let other = notes
+            .other_class
+            .is_some_and(|others| others.contains(&service.key));
+        if other && !notes.all {
+            continue;
+        }
+        rows.push(table_row(service, &last_warning, notes, other));
     }
-    let mut widths = [0usize; 5];
+    if rows.len() == 1 {
+        return String::new();
+    }
+    let mut widths = [0usize; 6];
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
@@ -135,12 +153,56 @@ pub fn render_table(result: &ReplayResult) -> String {
     text
 }
 
+/// One Service's row.
+fn table_row(
+    service: &ServiceResult,
+    last_warning: &HashMap<&str, &str>,
+    notes: TableNotes<'_>,
+    other_class: bool,
+) -> [String; 6] {
+    let (namespace, name) = service
+        .key
+        .split_once('/')
+        .unwrap_or(("", service.key.as_str()));
+    let mut ips = if service.ips.is_empty() {
+        "<pending>".to_owned()
+    } else {
+        service.ips.join(",")
+    };
+    let was = notes.first_ips.and_then(|first| first.get(&service.key));
+    if let Some(was) = was.filter(|was| !other_class && **was != service.ips) {
+        ips.push_str(&format!(" (was {})", was.join(",")));
+    }
+    let reason = if other_class {
+        "other class".to_owned()
+    } else {
+        service
+            .conditions
+            .iter()
+            .find(|c| c.condition_type == CONDITION_TYPE && c.status == "False")
+            .map(|c| c.reason.clone())
+            .unwrap_or_default()
+    };
+    [
+        namespace.to_owned(),
+        name.to_owned(),
+        ips,
+        service.pool.clone().unwrap_or_else(|| "<none>".to_owned()),
+        last_warning
+            .get(service.key.as_str())
+            .map(|reason| (*reason).to_owned())
+            .unwrap_or_default(),
+        reason,
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::client::EventRecord;
     use crate::result::{
-        Count, FamilyResult, PoolResult, RejectedPoolResult, ServiceResult, MAX_SAFE_INTEGER,
+        ConditionResult, Count, FamilyResult, PoolResult, RejectedPoolResult, ServiceResult,
+        MAX_SAFE_INTEGER,
     };
 
     fn result() -> ReplayResult {
@@ -195,12 +257,55 @@ mod tests {
         assert_eq!(
             render_table(&result()),
             "\
-NAMESPACE   NAME       EXTERNAL-IP            POOL      WARNING
+NAMESPACE   NAME       EXTERNAL-IP            POOL      WARNING            REASON
 default     web        192.168.10.0,fc00::1   default
 prod        database   <pending>              <none>    AllocationFailed
 "
         );
         assert_eq!(render_table(&ReplayResult::default()), "");
+    }
+
+    /// docs/replay.md §2.1: the condition's reason while False, a moved
+    /// address marked with what it was, another class left out unless all.
+    #[test]
+    fn table_marks_reasons_moves_and_other_classes() {
+        let mut result = result();
+        if let Some(database) = result.services.get_mut(1) {
+            database.conditions.push(ConditionResult {
+                condition_type: CONDITION_TYPE.to_owned(),
+                status: "False".to_owned(),
+                reason: "PoolExhausted".to_owned(),
+                message: "no".to_owned(),
+            });
+        }
+        let first_ips: HashMap<String, Vec<String>> =
+            [("default/web".to_owned(), vec!["192.168.20.0".to_owned()])].into();
+        let other: BTreeSet<String> = ["prod/database".to_owned()].into();
+        let notes = TableNotes {
+            first_ips: Some(&first_ips),
+            other_class: None,
+            all: false,
+        };
+        assert_eq!(
+            render_table_with(&result, notes),
+            "\
+NAMESPACE   NAME       EXTERNAL-IP                               POOL      WARNING            REASON
+default     web        192.168.10.0,fc00::1 (was 192.168.20.0)   default
+prod        database   <pending>                                 <none>    AllocationFailed   PoolExhausted
+"
+        );
+        let left_out = TableNotes {
+            other_class: Some(&other),
+            ..notes
+        };
+        assert!(!render_table_with(&result, left_out).contains("database"));
+        let all = TableNotes {
+            all: true,
+            ..left_out
+        };
+        assert!(render_table_with(&result, all)
+            .lines()
+            .any(|line| line.starts_with("prod") && line.ends_with("other class")));
     }
 
     #[test]

@@ -54,7 +54,7 @@ fn quickstart_prints_a_kubectl_like_table() {
     assert_eq!(
         stdout(&output),
         "\
-NAMESPACE   NAME      EXTERNAL-IP     POOL      WARNING
+NAMESPACE   NAME      EXTERNAL-IP     POOL      WARNING   REASON
 infra       dns-tcp   192.168.10.2    default
 infra       dns-udp   192.168.10.2    default
 shop        cache     192.168.10.1    default
@@ -162,8 +162,18 @@ fn legacy_config_and_lb_class() {
     assert_eq!(
         stdout(&output),
         "\
-NAMESPACE   NAME     EXTERNAL-IP   POOL     WARNING
-default     classy   <pending>     <none>
+NAMESPACE   NAME   EXTERNAL-IP   POOL     WARNING   REASON
+default     web    10.9.0.0      legacy
+"
+    );
+    // A Service of another class is not pending: it is listed only with
+    // --all, as `other class` (docs/replay.md §2.1).
+    let all = run(&["replay", "-", "--config", &config, "--all"], Some(&stream));
+    assert_eq!(
+        stdout(&all),
+        "\
+NAMESPACE   NAME     EXTERNAL-IP   POOL     WARNING   REASON
+default     classy   <pending>     <none>             other class
 default     web      10.9.0.0      legacy
 "
     );
@@ -208,7 +218,7 @@ fn bad_usage_and_missing_files_are_status_2() {
 }
 
 #[test]
-fn warnings_show_in_the_last_column() {
+fn warnings_and_reasons_show_in_the_last_columns() {
     let stream = format!(
         "{POOL}\n{}\n{}\n{}\n",
         service("a"),
@@ -220,10 +230,10 @@ fn warnings_show_in_the_last_column() {
     assert_eq!(
         stdout(&output),
         "\
-NAMESPACE   NAME   EXTERNAL-IP   POOL     WARNING
+NAMESPACE   NAME   EXTERNAL-IP   POOL     WARNING            REASON
 default     a      10.0.0.0      p
 default     b      10.0.0.1      p
-default     c      <pending>     <none>   AllocationFailed
+default     c      <pending>     <none>   AllocationFailed   PoolExhausted
 "
     );
 }
@@ -286,7 +296,7 @@ fn an_empty_lb_class_means_no_class() {
     assert_eq!(empty.status.code(), Some(0), "{}", stderr(&empty));
     assert_eq!(stdout(&empty), stdout(&without));
     assert!(
-        stdout(&empty).contains("default     web      10.0.0.0"),
+        stdout(&empty).contains("default     web    10.0.0.0"),
         "{}",
         stdout(&empty)
     );
@@ -349,5 +359,23 @@ fn config_takes_pool_objects_and_configmaps_and_refuses_a_file_without_pools() {
             "{empty}: no pool in the file: no address-pools, IPAddressPool object or \
              ConfigMap with data.config\n"
         )
+    );
+}
+
+/// docs/replay.md §2.1: an address the replay moved is marked with what the
+/// stream's status showed.
+#[test]
+fn a_moved_address_shows_what_it_was() {
+    let held = service("web").replace(
+        "\"spec\":{\"type\":\"LoadBalancer\"}",
+        "\"spec\":{\"type\":\"LoadBalancer\"},\"status\":{\"loadBalancer\":{\"ingress\":[{\"ip\":\"10.9.9.9\"}]}}",
+    );
+    let stream = format!("{POOL}\n{held}\n");
+    let output = run(&["replay", "-"], Some(&stream));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("10.0.0.0 (was 10.9.9.9)"),
+        "{}",
+        stdout(&output)
     );
 }
