@@ -54,9 +54,10 @@ pub struct PoolSpec {
     pub spec: IPAddressPoolSpec,
 }
 
-// MetalLB v0.15's status fields.
+// MetalLB v0.15's status fields, and our `Accepted` condition (a cluster
+// with MetalLB's own CRD prunes `conditions`: its schema has no such field).
 /// The observed state of an IPAddressPool.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct IPAddressPoolStatus {
     /// The number of assigned IPv4 addresses.
     #[serde(rename = "assignedIPv4")]
@@ -70,6 +71,29 @@ pub struct IPAddressPoolStatus {
     /// The number of available IPv6 addresses.
     #[serde(rename = "availableIPv6")]
     pub available_ipv6: i64,
+    /// Whether the allocator accepted the pool (type `Accepted`: `True`, or
+    /// `False` with reason `Invalid` or `Overlap`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Option<Vec<PoolCondition>>,
+}
+
+/// One condition of a pool, as Kubernetes conditions are written.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolCondition {
+    /// The condition's type, e.g. `Accepted`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// A CamelCase reason.
+    pub reason: String,
+    /// What a person should read.
+    pub message: String,
+    /// When `status` last changed (RFC 3339).
+    #[schemars(extend("format" = "date-time"))]
+    pub last_transition_time: String,
 }
 
 impl IPAddressPoolStatus {
@@ -82,6 +106,7 @@ impl IPAddressPoolStatus {
             assigned_ipv6: count(stats.ipv6.assigned),
             available_ipv4: count(available(&stats.ipv4)),
             available_ipv6: count(available(&stats.ipv6)),
+            conditions: None,
         }
     }
 }
@@ -168,7 +193,7 @@ mod tests {
         assert_eq!(status.assigned_ipv6, 2);
         assert_eq!(status.available_ipv6, i64::MAX);
         assert_eq!(
-            serde_json::to_value(status).unwrap(),
+            serde_json::to_value(&status).unwrap(),
             json!({"assignedIPv4": 300, "assignedIPv6": 2, "availableIPv4": 0,
                    "availableIPv6": i64::MAX})
         );
@@ -197,8 +222,15 @@ mod tests {
             "assignedIPv6",
             "availableIPv4",
             "availableIPv6",
+            "conditions",
         ] {
             assert!(status[field].is_object(), "status.{field} missing");
         }
+        let conditions = &status["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map");
+        assert_eq!(
+            conditions["items"]["required"],
+            serde_json::json!(["lastTransitionTime", "message", "reason", "status", "type"])
+        );
     }
 }

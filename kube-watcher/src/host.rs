@@ -485,6 +485,10 @@ async fn start_term(shared: &Arc<Shared>, term: &CancellationToken) -> JoinHandl
             shared.client.clone(),
             shared.store.clone(),
             shared.gate.clone(),
+            Reporter {
+                controller: shared.config.reporting_controller.clone(),
+                instance: Some(shared.config.lease.identity.clone()),
+            },
         );
         writer
             .run(controller, shared.config.pool_status_period, term)

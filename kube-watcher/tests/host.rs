@@ -150,7 +150,12 @@ async fn allocates_with_merge_patches_events_and_pool_status() {
             .is_some_and(|p| {
                 p["status"]
                     == json!({"assignedIPv4": 1, "assignedIPv6": 0,
-                              "availableIPv4": 255, "availableIPv6": 0})
+                              "availableIPv4": 255, "availableIPv6": 0,
+                              "conditions": [{"type": "Accepted", "status": "True",
+                                              "reason": "Accepted",
+                                              "message": "the pool is accepted",
+                                              "lastTransitionTime":
+                                                  p["status"]["conditions"][0]["lastTransitionTime"]}]})
             })
     })
     .await;

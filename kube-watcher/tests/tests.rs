@@ -18,6 +18,9 @@ mod host;
 // across a restart.
 mod conditions;
 
+// Pool feedback: Events and the Accepted condition of rejected pools.
+mod pools;
+
 // What an operator sees: election status, Lease errors, watch backoff, logs.
 mod operation;
 
