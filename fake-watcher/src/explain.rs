@@ -467,7 +467,7 @@ fn labels(labels: &BTreeMap<String, String>) -> String {
 fn describe(d: &ExplainDocument) -> String {
     let mut out = String::new();
     let mut field = |name: &str, value: String| {
-        let _ = writeln!(out, "{:<16}{value}", format!("{name}:"));
+        let _ = writeln!(out, "{:<18}{value}", format!("{name}:"));
     };
     let at = d
         .at_line

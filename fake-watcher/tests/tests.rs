@@ -23,3 +23,9 @@ mod bad_input;
 
 // Inputs found by the cargo-fuzz targets (fuzz/), replayed without a fuzzer.
 mod fuzz_regressions;
+
+// `fake-watcher explain`: the decision for one Service, pool by pool.
+mod explain;
+
+// `fake-watcher what-if`: what applying objects would change; exit 3 with --fail-on-change.
+mod what_if;
