@@ -256,7 +256,7 @@ impl Report {
 }
 
 fn size_name(n: usize) -> String {
-    if n >= 1000 && n % 1000 == 0 {
+    if n >= 1000 && n.is_multiple_of(1000) {
         format!("{}k", n / 1000)
     } else {
         n.to_string()
@@ -1722,7 +1722,7 @@ fn block(i: usize, size: u32) -> (Ipv4Addr, Ipv4Addr) {
 fn prefer_dual_service(out: &mut Vec<u8>, event: &str, i: usize, revision: u64) -> Result<()> {
     let name = format!("svc-{i}");
     let namespace = namespace_of(i);
-    if i % 50 == 0 {
+    if i.is_multiple_of(50) {
         let meta = format!(
             r#","labels":{{"revision":"{revision}"}},"annotations":{{"metallb.io/address-pool":"v6only"}}"#
         );

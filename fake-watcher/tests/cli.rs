@@ -168,7 +168,10 @@ default     web    10.9.0.0      legacy
     );
     // A Service of another class is not pending: it is listed only with
     // --all, as `other class` (docs/replay.md §2.1).
-    let all = run(&["replay", "-", "--config", &config, "--all"], Some(&stream));
+    let all = run(
+        &["replay", "-", "--config", &config, "--all"],
+        Some(&stream),
+    );
     assert_eq!(
         stdout(&all),
         "\
@@ -343,7 +346,10 @@ fn config_takes_pool_objects_and_configmaps_and_refuses_a_file_without_pools() {
         (&configmap, "wrapped", "10.8.0.0"),
         (&list, "json", "10.9.0.0"),
     ] {
-        let output = run(&["replay", "-", "-o", "json", "--config", config], Some(&stream));
+        let output = run(
+            &["replay", "-", "-o", "json", "--config", config],
+            Some(&stream),
+        );
         assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
         let document: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
         assert_eq!(document["services"][0]["pool"], pool);

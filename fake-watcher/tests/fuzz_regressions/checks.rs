@@ -335,7 +335,7 @@ fn selector(bytes: &mut Bytes<'_>) -> LabelSelectorSpec {
                 operator: bytes
                     .pick(&["In", "NotIn", "Exists", "DoesNotExist", "Like"])
                     .to_owned(),
-                values: if bytes.byte() % 2 == 0 {
+                values: if bytes.byte().is_multiple_of(2) {
                     vec![value]
                 } else {
                     Vec::new()
