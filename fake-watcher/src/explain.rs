@@ -506,7 +506,8 @@ fn describe(d: &ExplainDocument) -> String {
         field("Deprecated", a.deprecated_annotations.join(", "));
     }
     let status = if d.shows.ips.is_empty() {
-        "<pending>".to_owned()
+        // Pending only for a Service the controller is to serve.
+        if d.handled { "<pending>" } else { "<none>" }.to_owned()
     } else {
         format!(
             "{} (pool {})",
