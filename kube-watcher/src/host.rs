@@ -295,6 +295,7 @@ impl Host {
         ));
 
         let metrics = Metrics::new(synced.clone());
+        metrics.count_services(store.clone(), config.lb_class.clone());
         let events = EventBacklog::default();
         let elector = LeaderElector::new(
             KubeLease::new(client.clone(), &config.lease_namespace, &config.lease_name),

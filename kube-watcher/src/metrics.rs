@@ -6,6 +6,11 @@
 //!   `metallb_allocator_addresses_in_use_total{pool,ip_family}`: MetalLB's
 //!   gauges, per accepted pool and family (only on the leader, which is the
 //!   only replica with an allocator).
+//! - `metallb_allocator_services_unassigned{reason}`: the Services of our
+//!   class whose `metallb.io/AddressAssigned` condition is `False`, by its
+//!   reason (docs/allocation.md §4.7), counted in the cache at scrape time
+//!   (on the leader only, as the gauges above; a reason no Service shows is
+//!   left out, that is 0).
 //! - `kube_watcher_reconciliations_total`, `kube_watcher_write_errors_total`,
 //!   `kube_watcher_event_errors_total`, `kube_watcher_pool_rejections_total`:
 //!   `AllocatingController::stats()`, summed over this process's leadership
@@ -14,6 +19,7 @@
 //!   [`LeaseErrorReason`] (forbidden, not_found, conflict, timeout, other).
 //! - `kube_watcher_leader` and `kube_watcher_synced`: 1 or 0.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,7 +30,8 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use manager::{AllocatingController, ControllerStats};
+use k8s_openapi::api::core::v1::Service;
+use manager::{AllocatingController, ControllerStats, ServiceCondition};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -35,6 +42,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::{LeaseErrorCounts, LeaseErrorReason};
+use crate::store::KubeStore;
 use crate::watch::SyncTracker;
 
 /// The content type of `/metrics`.
@@ -63,6 +71,23 @@ struct SourceState {
     /// The counters of earlier leadership terms.
     base: ControllerStats,
     current: Option<Arc<AllocatingController>>,
+    /// The cache and the class whose Services are counted unassigned.
+    services: Option<(KubeStore, Option<String>)>,
+}
+
+/// The Services of `class` whose condition is `False`, by reason.
+fn unassigned(services: &[Arc<Service>], class: Option<&str>) -> BTreeMap<String, i64> {
+    let mut counts = BTreeMap::new();
+    for service in services {
+        let spec = service.spec.as_ref();
+        if spec.and_then(|s| s.load_balancer_class.as_deref()) != class {
+            continue;
+        }
+        if let Some(condition) = ServiceCondition::shown(service).filter(|c| !c.assigned) {
+            *counts.entry(condition.reason).or_insert(0) += 1;
+        }
+    }
+    counts
 }
 
 fn add(a: ControllerStats, b: ControllerStats) -> ControllerStats {
@@ -107,6 +132,12 @@ impl Metrics {
             state.base = add(state.base, old.stats());
         }
         state.current = controller;
+    }
+
+    /// Counts the Services of `class` in `store` whose condition is
+    /// `False` (`metallb_allocator_services_unassigned`).
+    pub fn count_services(&self, store: KubeStore, class: Option<String>) {
+        self.source.lock().services = Some((store, class));
     }
 
     /// Whether this replica leads.
@@ -167,9 +198,16 @@ fn as_f64(count: u128) -> f64 {
 
 impl Collector for ControllerCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let (base, current) = {
+        let (base, current, services) = {
             let state = self.0.lock();
-            (state.base, state.current.clone())
+            (state.base, state.current.clone(), state.services.clone())
+        };
+        // Like the pool gauges, only while leading.
+        let unassigned = match (&current, services) {
+            (Some(_), Some((store, class))) => {
+                unassigned(&store.services().state(), class.as_deref())
+            }
+            _ => BTreeMap::new(),
         };
         let (stats, pools) = {
             match current {
@@ -200,6 +238,18 @@ impl Collector for ControllerCollector {
                     };
                     ConstGauge::new(as_f64(value)).encode(metric.encode_family(&labels)?)?;
                 }
+            }
+        }
+        {
+            let mut metric = encoder.encode_descriptor(
+                "metallb_allocator_services_unassigned",
+                "Number of LoadBalancer Services without addresses, by the reason of their metallb.io/AddressAssigned condition",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (reason, count) in &unassigned {
+                let labels = [("reason", reason.as_str())];
+                ConstGauge::new(*count).encode(metric.encode_family(&labels)?)?;
             }
         }
         counter(
@@ -333,7 +383,48 @@ pub async fn serve(listener: TcpListener, metrics: Metrics, cancel: Cancellation
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    fn showing(class: Option<&str>, status: &str, reason: &str) -> Arc<Service> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": "s", "namespace": "ns"},
+                "spec": {"type": "LoadBalancer", "loadBalancerClass": class},
+                "status": {"conditions": [
+                    {"type": "example.com/Other", "status": "False", "reason": "Nope",
+                     "message": "", "lastTransitionTime": "2024-01-01T00:00:00Z"},
+                    {"type": "metallb.io/AddressAssigned", "status": status, "reason": reason,
+                     "message": "", "lastTransitionTime": "2024-01-01T00:00:00Z"}]}
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn unassigned_counts_our_false_conditions_of_our_class() {
+        let services = [
+            showing(None, "False", "PoolExhausted"),
+            showing(None, "False", "PoolExhausted"),
+            showing(None, "False", "NoPoolServes"),
+            showing(None, "True", "Assigned"),
+            showing(Some("other"), "False", "PoolExhausted"),
+        ];
+        let counts = unassigned(&services, None);
+        assert_eq!(
+            counts.into_iter().collect::<Vec<_>>(),
+            [
+                ("NoPoolServes".to_owned(), 1),
+                ("PoolExhausted".to_owned(), 2)
+            ]
+        );
+        let counts = unassigned(&services, Some("other"));
+        assert_eq!(
+            counts.into_iter().collect::<Vec<_>>(),
+            [("PoolExhausted".to_owned(), 1)]
+        );
+    }
 
     #[test]
     fn renders_counters_and_readiness_without_a_controller() {

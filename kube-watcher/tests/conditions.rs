@@ -50,6 +50,30 @@ async fn settled(host: &Host) {
         .expect("idle in time");
 }
 
+/// `GET /metrics` over HTTP from the host's metrics server.
+async fn scrape(host: &Host) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(kube_watcher::metrics::serve(
+        listener,
+        host.metrics().clone(),
+        cancel.clone(),
+    ));
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    cancel.cancel();
+    server.await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+    response
+}
+
 /// Another controller's condition, as it would have written it.
 fn theirs() -> Value {
     json!({"type": "example.com/Healthy", "status": "True", "reason": "Probed",
@@ -120,6 +144,17 @@ async fn the_condition_merges_on_type_and_leaves_with_the_service() {
     assert_eq!(
         condition(&stub, "full", "example.com/Healthy"),
         Some(theirs())
+    );
+    // Idle: the write's wait for the cache to show it is over.
+    settled(&host).await;
+    let text = scrape(&host).await;
+    assert!(
+        text.contains("\nmetallb_allocator_services_unassigned{reason=\"PoolExhausted\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE metallb_allocator_services_unassigned gauge"),
+        "{text}"
     );
     let full_writes = status_writes(&stub, "full", 0);
     assert_eq!(full_writes.len(), 1, "{full_writes:?}");
