@@ -490,7 +490,8 @@ async fn start_term(shared: &Arc<Shared>, term: &CancellationToken) -> JoinHandl
                 controller: shared.config.reporting_controller.clone(),
                 instance: Some(shared.config.lease.identity.clone()),
             },
-        );
+        )
+        .configuration_state(shared.config.lease_namespace.clone());
         writer
             .run(controller, shared.config.pool_status_period, term)
             .await;

@@ -15,8 +15,10 @@
 //!   write gate that shuts the moment leadership may be lost.
 //! - [`host`]: the wiring: one Manager and controller per leadership term,
 //!   rebuilt from the cache and the Services' statuses.
-//! - [`pool_status`], [`metrics`]: MetalLB's pool status fields and
-//!   allocator metrics, `/metrics`, `/healthz`, `/readyz`.
+//! - [`pool_status`], [`metrics`]: MetalLB's pool status fields, the
+//!   pools' `Accepted` condition and Warning Events, allocator metrics,
+//!   `/metrics`, `/healthz`, `/readyz`.
+//! - [`config_state`]: MetalLB's `ConfigurationState`, where its CRD exists.
 //! - [`logging`]: the log subscriber (text, no colour unless on a
 //!   terminal).
 //! - [`retry`]: watch retries that back off, and log a failure once.
@@ -27,6 +29,7 @@
 //! Start with [`Host::start`]; `src/main.rs` is the command line.
 
 pub mod client;
+pub mod config_state;
 pub mod crd;
 pub mod host;
 pub mod lean;

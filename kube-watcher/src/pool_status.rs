@@ -23,6 +23,7 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{EVENT_ACTION, FIELD_MANAGER};
+use crate::config_state::ConfigStateWriter;
 use crate::crd::{IPAddressPoolResource, IPAddressPoolStatus, PoolCondition};
 use crate::lease::LeaderGate;
 use crate::store::KubeStore;
@@ -101,6 +102,8 @@ pub struct PoolStatusWriter {
     written: HashMap<(String, String), IPAddressPoolStatus>,
     /// The rejection last warned about, by (namespace, name).
     warned: HashMap<(String, String), String>,
+    /// MetalLB's `ConfigurationState`, if asked for.
+    config_state: Option<ConfigStateWriter>,
 }
 
 impl std::fmt::Debug for PoolStatusWriter {
@@ -128,7 +131,20 @@ impl PoolStatusWriter {
             reporter,
             written: HashMap::new(),
             warned: HashMap::new(),
+            config_state: None,
         }
+    }
+
+    /// Also writes MetalLB's `ConfigurationState` in `namespace` (where its
+    /// CRD exists).
+    #[must_use]
+    pub fn configuration_state(mut self, namespace: String) -> Self {
+        self.config_state = Some(ConfigStateWriter::new(
+            self.client.clone(),
+            namespace,
+            self.gate.clone(),
+        ));
+        self
     }
 
     /// Writes the status of every pool (accepted: its counters; rejected:
@@ -168,6 +184,9 @@ impl PoolStatusWriter {
                 ..IPAddressPoolStatus::default()
             };
             wanted.push((rejected.name, status, Some(rejected.reason)));
+        }
+        if let Some(config_state) = self.config_state.as_mut() {
+            config_state.update(controller).await;
         }
         let mut count = 0;
         for (name, status, rejection) in wanted {

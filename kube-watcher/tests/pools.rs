@@ -8,7 +8,7 @@ use kube_watcher::Host;
 use serde_json::Value;
 
 use crate::support::apiserver_stub::{ApiServerStub, Kind};
-use crate::support::{config, namespace, pool, service};
+use crate::support::{config, namespace, pool, service, LEASE_NAMESPACE};
 
 fn accepted(stub: &ApiServerStub, name: &str) -> Option<Value> {
     let pool = stub.get(Kind::Pool, "metallb-system", name)?;
@@ -127,5 +127,74 @@ async fn rejected_pools_get_an_event_and_a_condition() {
     })
     .await;
     assert_eq!(pool_events(&stub).len(), 2, "{:?}", pool_events(&stub));
+    // No ConfigurationState CRD here: never asked for.
+    assert!(stub
+        .requests()
+        .iter()
+        .all(|r| !r.path.contains("configurationstates")));
+    host.shutdown().await;
+}
+
+fn config_state(stub: &ApiServerStub) -> Option<Value> {
+    stub.get(Kind::ConfigurationState, LEASE_NAMESPACE, "controller")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configuration_state_says_which_pools_are_invalid() {
+    let stub = ApiServerStub::start().await;
+    stub.serve_configuration_states();
+    stub.create(namespace("ns"));
+    stub.create(pool("first", &["192.168.10.0/24"]));
+    stub.create(pool("bad", &["10.0.0.0/33"]));
+    let host = Host::start(stub.client("a"), config("a"));
+    stub.wait_until("the ConfigurationState is Invalid", |stub| {
+        config_state(stub).is_some_and(|s| s["status"]["result"] == "Invalid")
+    })
+    .await;
+    let state = config_state(&stub).unwrap();
+    assert_eq!(
+        state["metadata"]["labels"]["metallb.io/component-type"],
+        "controller"
+    );
+    let summary = state["status"]["errorSummary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("IPAddressPool \"bad\": ") && summary.contains("10.0.0.0/33"),
+        "{summary}"
+    );
+    let condition = &state["status"]["conditions"][0];
+    assert_eq!(condition["type"], "poolReconcilerValid");
+    assert_eq!(condition["status"], "False");
+    assert_eq!(condition["reason"], "ConfigurationError");
+    assert_eq!(condition["message"], summary);
+
+    // The bad pool goes: Valid, the summary removed.
+    stub.delete(Kind::Pool, "metallb-system", "bad");
+    stub.wait_until("the ConfigurationState is Valid", |stub| {
+        config_state(stub).is_some_and(|s| s["status"]["result"] == "Valid")
+    })
+    .await;
+    let state = config_state(&stub).unwrap();
+    assert!(state["status"].get("errorSummary").is_none(), "{state}");
+    assert_eq!(state["status"]["conditions"][0]["reason"], "Reconciled");
+    let writes = |stub: &ApiServerStub| {
+        stub.requests()
+            .into_iter()
+            .filter(|r| r.is_write() && r.path.contains("configurationstates"))
+            .count()
+    };
+    // Created once, written twice.
+    assert_eq!(writes(&stub), 3);
+    host.shutdown().await;
+
+    // A new leader reads it and writes nothing while nothing changed; the
+    // writer has run once the Service is counted in `first`'s status.
+    let host = Host::start(stub.client("b"), config("b"));
+    stub.create(service("ns", "web", "10.96.0.1"));
+    stub.wait_until("first counts the Service", |stub| {
+        stub.get(Kind::Pool, "metallb-system", "first")
+            .is_some_and(|p| p["status"]["assignedIPv4"] == 1)
+    })
+    .await;
+    assert_eq!(writes(&stub), 3);
     host.shutdown().await;
 }

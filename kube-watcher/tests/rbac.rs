@@ -6,7 +6,7 @@ use kube_watcher::Host;
 use serde_json::Value;
 
 use crate::support::apiserver_stub::{ApiServerStub, Kind};
-use crate::support::{config, ingress, namespace, pool, service};
+use crate::support::{config, ingress, namespace, pool, service, LEASE_NAMESPACE};
 
 /// (API group, resource, verb) of a request the stub recorded.
 fn permission(method: &str, path: &str, query: &str) -> Option<(String, String, String)> {
@@ -67,6 +67,7 @@ fn granted() -> BTreeSet<(String, String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rbac_grants_exactly_the_verbs_used() {
     let stub = ApiServerStub::start().await;
+    stub.serve_configuration_states();
     stub.create(namespace("ns"));
     stub.create(pool("default", &["192.168.10.0/24"]));
     stub.create(service("ns", "web", "10.96.0.1"));
@@ -78,6 +79,9 @@ async fn rbac_grants_exactly_the_verbs_used() {
             && web["metadata"]["annotations"].is_object()
             && !stub.events().is_empty()
             && pool["status"].is_object()
+            && stub
+                .get(Kind::ConfigurationState, LEASE_NAMESPACE, "controller")
+                .is_some_and(|state| state["status"]["result"] == "Valid")
             && stub
                 .requests()
                 .iter()

@@ -12,6 +12,8 @@
 //!   honoured), refused with 415 for a custom resource as an API server
 //!   does (each write one that watchers see);
 //! - Events (`events.k8s.io/v1`: create, patch);
+//! - MetalLB's `ConfigurationState` (get, create, status patch), listed by
+//!   discovery (`/apis/metallb.io/v1beta1`) only once a test asks for it;
 //! - Leases (`coordination.k8s.io/v1`: get, create, replace with the
 //!   resourceVersion as precondition).
 //!
@@ -45,13 +47,14 @@ pub(crate) enum Kind {
     Pool,
     Lease,
     Event,
+    ConfigurationState,
 }
 
 impl Kind {
     fn api_version(self) -> &'static str {
         match self {
             Kind::Service | Kind::Namespace => "v1",
-            Kind::Pool => "metallb.io/v1beta1",
+            Kind::Pool | Kind::ConfigurationState => "metallb.io/v1beta1",
             Kind::Lease => "coordination.k8s.io/v1",
             Kind::Event => "events.k8s.io/v1",
         }
@@ -64,6 +67,7 @@ impl Kind {
             Kind::Pool => "IPAddressPool",
             Kind::Lease => "Lease",
             Kind::Event => "Event",
+            Kind::ConfigurationState => "ConfigurationState",
         }
     }
 
@@ -74,6 +78,7 @@ impl Kind {
             "IPAddressPool" => Some(Kind::Pool),
             "Lease" => Some(Kind::Lease),
             "Event" => Some(Kind::Event),
+            "ConfigurationState" => Some(Kind::ConfigurationState),
             _ => None,
         }
     }
@@ -139,6 +144,9 @@ struct State {
     failures: Vec<Failure>,
     /// Kinds whose list requests wait until released.
     held: Vec<Kind>,
+    /// Whether discovery lists MetalLB's `configurationstates` (its CRD is
+    /// installed).
+    config_states: bool,
     created: u64,
 }
 
@@ -555,6 +563,12 @@ impl ApiServerStub {
         self.lock().failures.clear();
     }
 
+    /// Discovery lists `configurationstates` from now on, as if MetalLB
+    /// v0.15.3's CRD were installed.
+    pub(crate) fn serve_configuration_states(&self) {
+        self.lock().config_states = true;
+    }
+
     /// List requests of `kind` wait until [`release`](Self::release).
     pub(crate) fn hold_lists(&self, kind: Kind) {
         self.lock().held.push(kind);
@@ -667,6 +681,7 @@ fn parse_path(path: &str) -> Option<Target> {
         "ipaddresspools" => Some(Kind::Pool),
         "leases" => Some(Kind::Lease),
         "events" => Some(Kind::Event),
+        "configurationstates" => Some(Kind::ConfigurationState),
         _ => None,
     };
     // Strip the group/version prefix.
@@ -773,6 +788,9 @@ impl Server {
             };
             return status(code, reason, "scripted failure");
         }
+        if method == Method::GET && path == "/apis/metallb.io/v1beta1" {
+            return self.discovery();
+        }
         let Some(target) = parse_path(&path) else {
             return status(404, "NotFound", "unknown path");
         };
@@ -795,6 +813,12 @@ impl Server {
             (Method::POST, Target::Namespaced(kind, namespace)) => {
                 let mut object = body;
                 object["metadata"]["namespace"] = json!(namespace);
+                // A kind with a status subresource ignores status on create.
+                if kind == Kind::ConfigurationState {
+                    if let Some(map) = object.as_object_mut() {
+                        map.remove("status");
+                    }
+                }
                 let key = key_of(kind, &object);
                 let mut state = self.lock();
                 if state.objects.contains_key(&key) {
@@ -837,7 +861,8 @@ impl Server {
                 },
             ) => {
                 // As an API server: no strategic merge for custom resources.
-                if !(merge || strategic && kind != Kind::Pool) {
+                let custom = matches!(kind, Kind::Pool | Kind::ConfigurationState);
+                if !(merge || strategic && !custom) {
                     return status(
                         415,
                         "UnsupportedMediaType",
@@ -881,6 +906,46 @@ impl Server {
             }
             _ => status(405, "MethodNotAllowed", "not served by the stub"),
         }
+    }
+
+    /// The resources of `metallb.io/v1beta1`, as discovery lists them.
+    fn discovery(&self) -> Response<Body> {
+        let resource = |name: &str, kind: &str, verbs: Value| {
+            json!({"name": name, "singularName": "", "namespaced": true, "kind": kind,
+                   "verbs": verbs})
+        };
+        let all = json!([
+            "delete",
+            "deletecollection",
+            "get",
+            "list",
+            "patch",
+            "create",
+            "update",
+            "watch"
+        ]);
+        let status_verbs = json!(["get", "patch", "update"]);
+        let mut resources = vec![
+            resource("ipaddresspools", "IPAddressPool", all.clone()),
+            resource(
+                "ipaddresspools/status",
+                "IPAddressPool",
+                status_verbs.clone(),
+            ),
+        ];
+        if self.lock().config_states {
+            resources.push(resource("configurationstates", "ConfigurationState", all));
+            resources.push(resource(
+                "configurationstates/status",
+                "ConfigurationState",
+                status_verbs,
+            ));
+        }
+        full(
+            StatusCode::OK,
+            &json!({"kind": "APIResourceList", "apiVersion": "v1",
+                    "groupVersion": "metallb.io/v1beta1", "resources": resources}),
+        )
     }
 
     /// A list, in pages of `limit` when asked (the `continue` token is

@@ -1,0 +1,274 @@
+//! MetalLB's `ConfigurationState` (`metallb.io/v1beta1`, MetalLB v0.15.3+):
+//! the object `controller` in the host's namespace, labelled
+//! `metallb.io/component-type: controller`, as MetalLB's controller writes
+//! it, says whether the pools are valid: `status.result` `Valid` or
+//! `Invalid`, `status.errorSummary` one line per rejected pool, and a
+//! `poolReconcilerValid` condition (reason `Reconciled`, or
+//! `ConfigurationError` with the summary).
+//!
+//! Written only where its CRD exists: discovery is asked once per
+//! leadership term; without the CRD the writer logs one DEBUG line and
+//! stays quiet. The object is read once per term (so a new leader writes
+//! nothing when it already shows the result), created when missing, and
+//! its status merge-patched when the result or the summary changes.
+
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use manager::AllocatingController;
+use serde_json::{json, Value};
+
+use crate::client::FIELD_MANAGER;
+use crate::lease::LeaderGate;
+
+/// The API group and version of `ConfigurationState`.
+pub const API_VERSION: &str = "metallb.io/v1beta1";
+/// The resource's plural, as discovery lists it.
+pub const PLURAL: &str = "configurationstates";
+/// The name MetalLB's controller gives its `ConfigurationState`.
+pub const NAME: &str = "controller";
+/// The label MetalLB puts on it.
+pub const COMPONENT_LABEL: &str = "metallb.io/component-type";
+/// The condition type of MetalLB's pool reconciler.
+pub const CONDITION_TYPE: &str = "poolReconcilerValid";
+
+fn resource() -> ApiResource {
+    ApiResource {
+        group: "metallb.io".to_owned(),
+        version: "v1beta1".to_owned(),
+        api_version: API_VERSION.to_owned(),
+        kind: "ConfigurationState".to_owned(),
+        plural: PLURAL.to_owned(),
+    }
+}
+
+/// `status.result` and `status.errorSummary` (empty when valid).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub result: String,
+    pub error_summary: String,
+}
+
+impl Verdict {
+    /// The verdict on these rejected pools (name, reason).
+    pub fn of(rejected: &[allocator::RejectedPool]) -> Self {
+        let lines: Vec<String> = rejected
+            .iter()
+            .map(|pool| format!("IPAddressPool {:?}: {}", pool.name, pool.reason))
+            .collect();
+        Self {
+            result: if lines.is_empty() { "Valid" } else { "Invalid" }.to_owned(),
+            error_summary: lines.join("\n"),
+        }
+    }
+
+    fn shown(object: &DynamicObject) -> Self {
+        let status = object.data.get("status");
+        let text = |field: &str| {
+            status
+                .and_then(|s| s.get(field))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        Self {
+            result: text("result"),
+            error_summary: text("errorSummary"),
+        }
+    }
+
+    /// The merge patch of the status subresource that shows this verdict.
+    pub fn status_patch(&self, now: &str) -> Value {
+        let valid = self.error_summary.is_empty();
+        let summary = (!valid).then_some(self.error_summary.as_str());
+        json!({"status": {
+            "result": self.result,
+            "errorSummary": summary,
+            "conditions": [{
+                "type": CONDITION_TYPE,
+                "status": if valid { "True" } else { "False" },
+                "reason": if valid { "Reconciled" } else { "ConfigurationError" },
+                "message": summary.unwrap_or_default(),
+                "lastTransitionTime": now,
+            }],
+        }})
+    }
+}
+
+/// Whether the CRD is served, once asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Served {
+    Unknown,
+    No,
+    Yes,
+}
+
+/// Writes the `ConfigurationState` for one leadership term.
+pub struct ConfigStateWriter {
+    client: kube::Client,
+    namespace: String,
+    gate: LeaderGate,
+    served: Served,
+    /// What the object shows (`None`: not read yet this term).
+    shown: Option<Verdict>,
+}
+
+impl std::fmt::Debug for ConfigStateWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfigStateWriter")
+            .field("namespace", &self.namespace)
+            .field("served", &self.served)
+            .field("shown", &self.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConfigStateWriter {
+    /// A writer of the `ConfigurationState` in `namespace`, allowed to
+    /// write while `gate` is open.
+    pub fn new(client: kube::Client, namespace: String, gate: LeaderGate) -> Self {
+        Self {
+            client,
+            namespace,
+            gate,
+            served: Served::Unknown,
+            shown: None,
+        }
+    }
+
+    /// Brings the object up to date with `controller`'s rejected pools;
+    /// returns whether its status was written.
+    pub async fn update(&mut self, controller: &AllocatingController) -> bool {
+        if !self.gate.is_open() || !self.served().await {
+            return false;
+        }
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &self.namespace, &resource());
+        if self.shown.is_none() {
+            self.shown = self.read_or_create(&api).await;
+        }
+        let wanted = Verdict::of(&controller.rejected_pools());
+        if self.shown.is_none() || self.shown.as_ref() == Some(&wanted) || !self.gate.is_open() {
+            return false;
+        }
+        let now = k8s_openapi::jiff::Timestamp::now()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let patch = Patch::Merge(wanted.status_patch(&now));
+        match api.patch_status(NAME, &params, &patch).await {
+            Ok(_) => {
+                tracing::debug!(result = %wanted.result, "ConfigurationState written");
+                self.shown = Some(wanted);
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, "could not write the ConfigurationState");
+                // Read again next time (it may have been deleted).
+                self.shown = None;
+                false
+            }
+        }
+    }
+
+    /// Whether the API serves `configurationstates` (asked once).
+    async fn served(&mut self) -> bool {
+        if self.served == Served::Unknown {
+            self.served = match self.client.list_api_group_resources(API_VERSION).await {
+                Ok(list) if list.resources.iter().any(|r| r.name == PLURAL) => Served::Yes,
+                Ok(_) => {
+                    tracing::debug!(
+                        "no ConfigurationState CRD (MetalLB v0.15.3+): not writing one"
+                    );
+                    Served::No
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "no ConfigurationState CRD (MetalLB v0.15.3+): not writing one");
+                    Served::No
+                }
+            };
+        }
+        self.served == Served::Yes
+    }
+
+    /// What the object shows, creating it (empty status) if missing;
+    /// `None` when neither worked (tried again next time).
+    async fn read_or_create(&self, api: &Api<DynamicObject>) -> Option<Verdict> {
+        match api.get_opt(NAME).await {
+            Ok(Some(object)) => return Some(Verdict::shown(&object)),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%error, "could not read the ConfigurationState");
+                return None;
+            }
+        }
+        let object: DynamicObject = match serde_json::from_value(json!({
+            "apiVersion": API_VERSION,
+            "kind": "ConfigurationState",
+            "metadata": {
+                "name": NAME,
+                "namespace": self.namespace,
+                "labels": {COMPONENT_LABEL: "controller"},
+            },
+        })) {
+            Ok(object) => object,
+            Err(error) => {
+                tracing::warn!(%error, "could not build the ConfigurationState");
+                return None;
+            }
+        };
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        match api.create(&params, &object).await {
+            Ok(created) => Some(Verdict::shown(&created)),
+            Err(error) => {
+                tracing::warn!(%error, "could not create the ConfigurationState");
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_verdict_lists_each_rejected_pool() {
+        assert_eq!(
+            Verdict::of(&[]),
+            Verdict {
+                result: "Valid".to_owned(),
+                error_summary: String::new()
+            }
+        );
+        let rejected = [
+            allocator::RejectedPool {
+                name: "a".to_owned(),
+                reason: "spec.addresses is empty".to_owned(),
+            },
+            allocator::RejectedPool {
+                name: "b".to_owned(),
+                reason: "bad".to_owned(),
+            },
+        ];
+        let verdict = Verdict::of(&rejected);
+        assert_eq!(verdict.result, "Invalid");
+        assert_eq!(
+            verdict.error_summary,
+            "IPAddressPool \"a\": spec.addresses is empty\nIPAddressPool \"b\": bad"
+        );
+        let patch = verdict.status_patch("T");
+        assert_eq!(
+            patch["status"]["conditions"][0]["reason"],
+            "ConfigurationError"
+        );
+        assert_eq!(
+            Verdict::of(&[]).status_patch("T")["status"]["errorSummary"],
+            Value::Null
+        );
+    }
+}
