@@ -163,7 +163,7 @@ impl PoolStatusWriter {
                 true,
                 reason::ACCEPTED,
                 ACCEPTED_MESSAGE,
-                shown.as_ref().and_then(|p| p.status.as_ref()),
+                self.previous(shown.as_deref()),
                 &now,
             );
             status.conditions = Some(vec![condition]);
@@ -176,7 +176,7 @@ impl PoolStatusWriter {
                 false,
                 condition_reason,
                 &rejected.reason,
-                shown.as_ref().and_then(|p| p.status.as_ref()),
+                self.previous(shown.as_deref()),
                 &now,
             );
             let status = IPAddressPoolStatus {
@@ -215,6 +215,30 @@ impl PoolStatusWriter {
             }
         }
         count
+    }
+
+    /// The status whose `Accepted` condition a new one continues: the
+    /// object's when it shows one, else what this writer last wrote (a
+    /// cluster with MetalLB's CRD prunes the condition: without this, its
+    /// `lastTransitionTime` would be new, and written, every period).
+    fn previous<'a>(
+        &'a self,
+        pool: Option<&'a IPAddressPoolResource>,
+    ) -> Option<&'a IPAddressPoolStatus> {
+        let pool = pool?;
+        let shows = |status: &&IPAddressPoolStatus| {
+            status
+                .conditions
+                .as_ref()
+                .is_some_and(|c| c.iter().any(|c| c.type_ == ACCEPTED))
+        };
+        pool.status.as_ref().filter(shows).or_else(|| {
+            let id = (
+                pool.metadata.namespace.clone()?,
+                pool.metadata.name.clone()?,
+            );
+            self.written.get(&id)
+        })
     }
 
     /// Merge-patches the status of the pool `id` (a custom resource takes

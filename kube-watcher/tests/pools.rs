@@ -198,3 +198,42 @@ async fn the_configuration_state_says_which_pools_are_invalid() {
     assert_eq!(writes(&stub), 3);
     host.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_metallbs_crd_the_condition_is_pruned_and_the_event_stays() {
+    let stub = ApiServerStub::start().await;
+    stub.prune_pool_conditions();
+    stub.create(namespace("ns"));
+    stub.create(pool("first", &["192.168.10.0/24"]));
+    stub.create(pool("bad", &["10.0.0.0/33"]));
+    let host = Host::start(stub.client("a"), config("a"));
+    stub.wait_until("the Event on bad, first's status", |stub| {
+        pool_events(stub).len() == 1
+            && stub
+                .get(Kind::Pool, "metallb-system", "first")
+                .is_some_and(|p| p["status"]["availableIPv4"] == 256)
+    })
+    .await;
+    assert_eq!(accepted(&stub, "first"), None, "pruned");
+    stub.create(service("ns", "web", "10.96.0.1"));
+    stub.wait_until("first counts the Service", |stub| {
+        stub.get(Kind::Pool, "metallb-system", "first")
+            .is_some_and(|p| p["status"]["assignedIPv4"] == 1)
+    })
+    .await;
+    settled(&host).await;
+    // One write per change: first twice (accepted, then the Service), bad
+    // once. (A rewrite every period for a condition that never shows would
+    // differ only in a lastTransitionTime of whole seconds, so this run,
+    // well under a second, cannot see that one: pool_status.rs's
+    // `previous` is what prevents it.)
+    let writes = |name: &str| {
+        stub.requests()
+            .iter()
+            .filter(|r| r.is_write() && r.path.ends_with(&format!("/ipaddresspools/{name}/status")))
+            .count()
+    };
+    assert_eq!((writes("first"), writes("bad")), (2, 1));
+    assert_eq!(pool_events(&stub).len(), 1);
+    host.shutdown().await;
+}

@@ -147,6 +147,9 @@ struct State {
     /// Whether discovery lists MetalLB's `configurationstates` (its CRD is
     /// installed).
     config_states: bool,
+    /// Whether pools' `status.conditions` is pruned, as MetalLB's own CRD
+    /// (whose schema lacks it) makes the API server do.
+    prune_pool_conditions: bool,
     created: u64,
 }
 
@@ -569,6 +572,12 @@ impl ApiServerStub {
         self.lock().config_states = true;
     }
 
+    /// Pools' `status.conditions` is pruned from now on, as with MetalLB's
+    /// own IPAddressPool CRD.
+    pub(crate) fn prune_pool_conditions(&self) {
+        self.lock().prune_pool_conditions = true;
+    }
+
     /// List requests of `kind` wait until [`release`](Self::release).
     pub(crate) fn hold_lists(&self, kind: Kind) {
         self.lock().held.push(kind);
@@ -898,6 +907,11 @@ impl Server {
                     }
                 } else {
                     merge_patch(&mut object, &patch);
+                }
+                if kind == Kind::Pool && state.prune_pool_conditions {
+                    if let Some(status) = object.get_mut("status").and_then(Value::as_object_mut) {
+                        status.remove("conditions");
+                    }
                 }
                 let written = state.write(kind, "MODIFIED", object);
                 drop(state);
