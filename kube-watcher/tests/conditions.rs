@@ -224,3 +224,55 @@ async fn a_restart_on_services_showing_the_condition_writes_nothing() {
     );
     second.shutdown().await;
 }
+
+/// The stub's strategic merge patch, as the API documents it: maps merge,
+/// `null` deletes, a list with a merge key merges on it (`$patch: delete`
+/// removes an element, `$patch: replace` the list), other lists are
+/// replaced.
+#[test]
+fn the_stub_applies_strategic_merge_patches_as_the_api_does() {
+    use crate::support::apiserver_stub::strategic_merge;
+    let key = |path: &str| (path == "status.conditions").then_some("type");
+    let mut object = json!({"status": {
+        "loadBalancer": {"ingress": [{"ip": "10.0.0.1"}, {"ip": "10.0.0.2"}]},
+        "conditions": [{"type": "A", "status": "True"}, {"type": "B", "status": "True"}]
+    }});
+    strategic_merge(
+        &mut object,
+        &json!({"status": {
+            "loadBalancer": {"ingress": [{"ip": "10.0.0.3"}]},
+            "conditions": [{"type": "B", "status": "False"}, {"type": "C", "status": "True"},
+                           {"type": "A", "$patch": "delete"}]
+        }}),
+        "",
+        &key,
+    )
+    .unwrap();
+    assert_eq!(
+        object,
+        json!({"status": {
+            "loadBalancer": {"ingress": [{"ip": "10.0.0.3"}]},
+            "conditions": [{"type": "B", "status": "False"}, {"type": "C", "status": "True"}]
+        }})
+    );
+    strategic_merge(
+        &mut object,
+        &json!({"status": {"loadBalancer": {"ingress": null},
+                           "conditions": [{"$patch": "replace"}, {"type": "D", "status": "True"}]}}),
+        "",
+        &key,
+    )
+    .unwrap();
+    assert_eq!(
+        object,
+        json!({"status": {"loadBalancer": {}, "conditions": [{"type": "D", "status": "True"}]}})
+    );
+    // An element without its merge key is refused.
+    assert!(strategic_merge(
+        &mut object,
+        &json!({"status": {"conditions": [{"status": "True"}]}}),
+        "",
+        &key
+    )
+    .is_err());
+}
