@@ -1,5 +1,5 @@
 //! Replays recorded Kubernetes watch streams through the allocator plugin,
-//! offline and deterministically (REPLAY.md is the contract).
+//! offline and deterministically (docs/replay.md is the contract).
 //!
 //! Start with [`replay`] (or [`replay_blocking`], or [`replay_pipelined`],
 //! which decodes on a thread of its own): it reads a JSON Lines
