@@ -678,20 +678,30 @@ fn is_load_balancer(service: &Service) -> bool {
         .is_some_and(|kind| kind == "LoadBalancer")
 }
 
-fn service_result(key: String, service: &Service) -> ServiceResult {
-    let ips = service
+/// `status.loadBalancer.ingress[].ip` of a Service, in order.
+pub(crate) fn status_ips(service: &Service) -> Vec<String> {
+    service
         .status
         .as_ref()
         .and_then(|status| status.load_balancer.as_ref())
         .and_then(|lb| lb.ingress.as_ref())
         .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
-        .unwrap_or_default();
-    let pool = service
+        .unwrap_or_default()
+}
+
+/// The pool annotation the controller wrote on a Service.
+pub(crate) fn pool_of(service: &Service) -> Option<String> {
+    service
         .metadata
         .annotations
         .as_ref()
         .and_then(|annotations| annotations.get(POOL_ANNOTATION))
-        .cloned();
+        .cloned()
+}
+
+fn service_result(key: String, service: &Service) -> ServiceResult {
+    let ips = status_ips(service);
+    let pool = pool_of(service);
     let conditions = service
         .status
         .as_ref()

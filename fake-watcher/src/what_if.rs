@@ -15,14 +15,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
-use manager::{ServiceCondition, POOL_ANNOTATION};
+use manager::ServiceCondition;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::explain::{ConditionDocument, EventDocument};
 use crate::output::{OutputError, OutputFormat};
 use crate::plugin::Plugin;
-use crate::replay::{replay_pipelined, Observer, ReplayError, ReplayOptions};
+use crate::replay::{pool_of, replay_pipelined, status_ips, Observer, ReplayError, ReplayOptions};
 use crate::result::RejectedPoolResult;
 use crate::stream::decode_event;
 
@@ -226,19 +226,8 @@ pub struct ServiceState {
 
 impl ServiceState {
     fn of(service: &Service) -> Self {
-        let ips = service
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref())
-            .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
-            .unwrap_or_default();
-        let pool = service
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(POOL_ANNOTATION))
-            .cloned();
+        let ips = status_ips(service);
+        let pool = pool_of(service);
         let condition = ServiceCondition::shown(service)
             .as_ref()
             .map(ConditionDocument::from);
