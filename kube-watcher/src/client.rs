@@ -162,18 +162,6 @@ pub fn status_patch(ingress: Option<&[IpAddr]>, condition: &ConditionChange) -> 
     json!({ "status": status })
 }
 
-/// Our condition as the cached `service` shows it, whole (with its
-/// `lastTransitionTime`).
-fn current_condition(service: &Service) -> Option<&Condition> {
-    service
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == CONDITION_TYPE)
-}
-
 /// What the status patch must do to our condition for `wanted`, given the
 /// cached `current` Service: `lastTransitionTime` kept while the status is
 /// unchanged, else `now` ([`ServiceCondition::merge_into`]).
@@ -182,7 +170,7 @@ pub fn condition_change(
     wanted: Option<&ServiceCondition>,
     now: &Time,
 ) -> ConditionChange {
-    let shown = current.and_then(current_condition);
+    let shown = current.and_then(ServiceCondition::find);
     let mut conditions: Vec<Condition> = shown.cloned().into_iter().collect();
     ServiceCondition::merge_into(wanted, &mut conditions, now);
     match conditions.into_iter().next() {

@@ -2,13 +2,11 @@
 //! strategic merge patch, other controllers' conditions kept, ours removed
 //! from a Service we stop handling, no write after a restart.
 
-use std::time::Duration;
-
 use kube_watcher::Host;
 use serde_json::{json, Value};
 
 use crate::support::apiserver_stub::{ApiServerStub, Kind, Recorded};
-use crate::support::{config, ingress, namespace, pool, service};
+use crate::support::{config, ingress, namespace, pool, service, settled};
 
 const OURS: &str = "metallb.io/AddressAssigned";
 
@@ -37,17 +35,6 @@ fn condition(stub: &ApiServerStub, name: &str, type_: &str) -> Option<Value> {
     conditions(stub, name)
         .into_iter()
         .find(|c| c["type"] == type_)
-}
-
-async fn settled(host: &Host) {
-    let mut leader = host.leader();
-    tokio::time::timeout(Duration::from_secs(20), leader.wait_for(|l| *l))
-        .await
-        .expect("leads in time")
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(20), host.idle())
-        .await
-        .expect("idle in time");
 }
 
 /// `GET /metrics` over HTTP from the host's metrics server.

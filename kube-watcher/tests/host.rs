@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::support::apiserver_stub::{ApiServerStub, Kind, Recorded};
 use crate::support::{
-    config, eventually, ingress, namespace, pool, service, LEASE_NAME, LEASE_NAMESPACE,
+    config, eventually, ingress, namespace, pool, service, settled, LEASE_NAME, LEASE_NAMESPACE,
 };
 
 /// A stub with namespace `ns`, pool `default` (192.168.10.0/24) and the
@@ -53,18 +53,6 @@ async fn wait_for_ips(stub: &ApiServerStub, name: &str, ips: &[&str]) {
         stored_ips(stub, name) == ips && stored_pool(stub, name) == pool
     })
     .await;
-}
-
-/// Waits until `host` leads and its term is idle.
-async fn settled(host: &Host) {
-    let mut leader = host.leader();
-    tokio::time::timeout(Duration::from_secs(20), leader.wait_for(|l| *l))
-        .await
-        .expect("leads in time")
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(20), host.idle())
-        .await
-        .expect("idle in time");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

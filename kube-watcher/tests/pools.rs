@@ -2,13 +2,11 @@
 //! one Warning Event and `Accepted` False in their status; an accepted pool
 //! gets `Accepted` True; a new leader does not warn again.
 
-use std::time::Duration;
-
 use kube_watcher::Host;
 use serde_json::Value;
 
 use crate::support::apiserver_stub::{ApiServerStub, Kind};
-use crate::support::{config, namespace, pool, service, LEASE_NAMESPACE};
+use crate::support::{config, namespace, pool, service, settled, LEASE_NAMESPACE};
 
 fn accepted(stub: &ApiServerStub, name: &str) -> Option<Value> {
     let pool = stub.get(Kind::Pool, "metallb-system", name)?;
@@ -24,17 +22,6 @@ fn pool_events(stub: &ApiServerStub) -> Vec<Value> {
         .into_iter()
         .filter(|e| e["regarding"]["kind"] == "IPAddressPool")
         .collect()
-}
-
-async fn settled(host: &Host) {
-    let mut leader = host.leader();
-    tokio::time::timeout(Duration::from_secs(20), leader.wait_for(|l| *l))
-        .await
-        .expect("leads in time")
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(20), host.idle())
-        .await
-        .expect("idle in time");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -74,8 +74,9 @@ impl ServiceCondition {
         })
     }
 
-    /// The Kubernetes condition of [`CONDITION_TYPE`] on `service`.
-    pub(crate) fn find(service: &Service) -> Option<&Condition> {
+    /// The Kubernetes condition of [`CONDITION_TYPE`] on `service`, whole
+    /// (with its `lastTransitionTime`).
+    pub fn find(service: &Service) -> Option<&Condition> {
         service
             .status
             .as_ref()?

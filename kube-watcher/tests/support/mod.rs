@@ -5,7 +5,7 @@ pub(crate) mod apiserver_stub;
 
 use std::time::Duration;
 
-use kube_watcher::HostConfig;
+use kube_watcher::{Host, HostConfig};
 use manager::ManagerConfig;
 use serde_json::{json, Value};
 
@@ -115,4 +115,16 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
     fn make_writer(&'a self) -> Self::Writer {
         self.clone()
     }
+}
+
+/// Waits until `host` leads and its term is idle.
+pub(crate) async fn settled(host: &Host) {
+    let mut leader = host.leader();
+    tokio::time::timeout(Duration::from_secs(20), leader.wait_for(|l| *l))
+        .await
+        .expect("leads in time")
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), host.idle())
+        .await
+        .expect("idle in time");
 }
