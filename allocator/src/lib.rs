@@ -24,11 +24,14 @@ mod holders;
 mod pool;
 mod request;
 mod selector;
-pub mod spec;
 mod used;
 
 #[cfg(test)]
 mod tests;
+
+/// The `IPAddressPool` spec types, which live in `pool_types::metallb`.
+pub use pool_types::metallb as spec;
+pub use pool_types::cilium;
 
 pub use addr::Family;
 pub use alloc::{

@@ -18,4 +18,7 @@ pub use error::{ChainError, Error};
 pub use handler::{
     namespace_name, pool_name, service_key, NamespaceHandler, PoolHandler, ServiceHandler,
 };
-pub use pool::{IPAddressPool, POOL_API_VERSION, POOL_KIND};
+pub use pool::{
+    CiliumLoadBalancerIPPool, IPAddressPool, CILIUM_POOL_API_VERSION,
+    CILIUM_POOL_API_VERSION_V2ALPHA1, CILIUM_POOL_KIND, POOL_API_VERSION, POOL_KIND,
+};

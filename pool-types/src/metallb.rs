@@ -1,7 +1,7 @@
 //! Serde types of the `IPAddressPool` spec (`metallb.io/v1beta1`), exactly as a
-//! cluster returns them (camelCase). Values are kept raw: validation is
-//! [`crate::pool::Pool::parse`]'s job, so a bad address is a rejected pool, not
-//! a decode error.
+//! cluster returns them (camelCase). Values are kept raw: validation is the
+//! allocator's `Pool::parse`, so a bad address is a rejected pool, not a
+//! decode error.
 //!
 //! With the `schema` feature the types also derive `schemars::JsonSchema`, so
 //! a host can generate the CustomResourceDefinition from them.

@@ -1,0 +1,23 @@
+//! The Kubernetes object types of address pools, MetalLB's `IPAddressPool`
+//! and Cilium's `CiliumLoadBalancerIPPool`, shared by every crate: the
+//! allocator parses the specs, and the watchers decode the objects without
+//! depending on the allocator.
+//!
+//! Values are kept raw, exactly as a cluster returns them: validation is the
+//! allocator's parsers' job, so a bad value is a rejected pool, not a decode
+//! error. Unknown fields are ignored.
+//!
+//! Features: `schema` derives `schemars::JsonSchema` on the spec types (for
+//! CRD generation); `objects` adds the whole objects (`metadata`, `spec`,
+//! `status`), which need k8s-openapi.
+
+pub mod cilium;
+pub mod metallb;
+#[cfg(feature = "objects")]
+mod objects;
+
+#[cfg(feature = "objects")]
+pub use objects::{
+    CiliumLoadBalancerIPPool, IPAddressPool, CILIUM_POOL_API_VERSION,
+    CILIUM_POOL_API_VERSION_V2ALPHA1, CILIUM_POOL_KIND, POOL_API_VERSION, POOL_KIND,
+};
