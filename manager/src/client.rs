@@ -15,6 +15,11 @@ pub const POOL_ANNOTATION: &str = "metallb.io/ip-allocated-from-pool";
 /// `status.conditions` (docs/allocation.md §4.7).
 pub const CONDITION_TYPE: &str = "metallb.io/AddressAssigned";
 
+/// The type of Cilium's LB-IPAM condition, which the controller writes
+/// beside its own while a `CiliumLoadBalancerIPPool` exists
+/// (docs/cilium.md §3.6).
+pub const CILIUM_CONDITION_TYPE: &str = "cilium.io/IPAMRequestSatisfied";
+
 /// The fields of a Service that the controller owns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceWrite {
@@ -25,6 +30,132 @@ pub struct ServiceWrite {
     /// The [`CONDITION_TYPE`] condition; `None` removes it (a Service the
     /// controller stopped handling). Other conditions are left as they are.
     pub condition: Option<ServiceCondition>,
+    /// What to do with the [`CILIUM_CONDITION_TYPE`] condition.
+    pub cilium_condition: CiliumConditionChange,
+}
+
+impl ServiceWrite {
+    /// `conditions` with both of the controller's conditions merged in
+    /// (see [`ServiceCondition::merge_into`] and
+    /// [`CiliumCondition::merge_into`]), the others kept in place.
+    pub fn merge_conditions(&self, conditions: &mut Vec<Condition>, now: &Time) {
+        ServiceCondition::merge_into(self.condition.as_ref(), conditions, now);
+        match &self.cilium_condition {
+            CiliumConditionChange::Keep => {}
+            CiliumConditionChange::Set(condition) => {
+                CiliumCondition::merge_into(Some(condition), conditions, now);
+            }
+            CiliumConditionChange::Remove => CiliumCondition::merge_into(None, conditions, now),
+        }
+    }
+}
+
+/// What a write does to Cilium's condition: it is only ours to write while
+/// a Cilium pool exists (docs/cilium.md §3.6).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum CiliumConditionChange {
+    /// Leave it as the Service shows it (or does not).
+    #[default]
+    Keep,
+    Set(CiliumCondition),
+    /// Remove it (a Service the controller stopped handling).
+    Remove,
+}
+
+/// Cilium's `cilium.io/IPAMRequestSatisfied` condition, with Cilium's
+/// reasons and messages (docs/cilium.md §3.6).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CiliumCondition {
+    /// `status: "True"` when every requested address or family is held.
+    pub satisfied: bool,
+    /// One of Cilium's reasons: `satisfied`, `no_pool`, ...
+    pub reason: String,
+    pub message: String,
+    /// The `metadata.generation` the decision saw.
+    pub observed_generation: Option<i64>,
+}
+
+impl CiliumCondition {
+    /// `"True"` or `"False"`.
+    pub fn status(&self) -> &'static str {
+        if self.satisfied {
+            "True"
+        } else {
+            "False"
+        }
+    }
+
+    /// The Kubernetes condition of [`CILIUM_CONDITION_TYPE`] on `service`.
+    pub fn find(service: &Service) -> Option<&Condition> {
+        service
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == CILIUM_CONDITION_TYPE)
+    }
+
+    /// The condition as the Service `service` shows it, if it does.
+    pub fn shown(service: &Service) -> Option<CiliumCondition> {
+        let shown = Self::find(service)?;
+        Some(CiliumCondition {
+            satisfied: shown.status == "True",
+            reason: shown.reason.clone(),
+            message: shown.message.clone(),
+            observed_generation: shown.observed_generation,
+        })
+    }
+
+    /// Whether `service` shows this condition up to `observedGeneration`
+    /// and `lastTransitionTime`, which alone call for no write: Cilium
+    /// itself leaves them behind on a satisfied Service (docs/cilium.md
+    /// §3.6).
+    pub fn is_shown(&self, service: &Service) -> bool {
+        Self::find(service).is_some_and(|shown| {
+            shown.status == self.status()
+                && shown.reason == self.reason
+                && shown.message == self.message
+        })
+    }
+
+    /// `conditions` with Cilium's set to `condition` (or removed), the
+    /// others kept in place; `lastTransitionTime` stays while the status
+    /// does, else it is `now`.
+    pub fn merge_into(
+        condition: Option<&CiliumCondition>,
+        conditions: &mut Vec<Condition>,
+        now: &Time,
+    ) {
+        let at = conditions
+            .iter()
+            .position(|c| c.type_ == CILIUM_CONDITION_TYPE);
+        let Some(condition) = condition else {
+            if let Some(at) = at {
+                conditions.remove(at);
+            }
+            return;
+        };
+        let previous = at.and_then(|at| conditions.get(at));
+        let last_transition_time = match previous {
+            Some(previous) if previous.status == condition.status() => {
+                previous.last_transition_time.clone()
+            }
+            _ => now.clone(),
+        };
+        let new = Condition {
+            type_: CILIUM_CONDITION_TYPE.to_owned(),
+            status: condition.status().to_owned(),
+            reason: condition.reason.clone(),
+            message: condition.message.clone(),
+            observed_generation: condition.observed_generation,
+            last_transition_time,
+        };
+        match at.and_then(|at| conditions.get_mut(at)) {
+            Some(slot) => *slot = new,
+            None => conditions.push(new),
+        }
+    }
 }
 
 /// The controller's condition on a Service: whether it holds addresses,

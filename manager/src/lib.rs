@@ -12,13 +12,13 @@ mod manager;
 mod store;
 
 pub use client::{
-    Client, ClientError, Event, EventType, ServiceCondition, ServiceWrite, CONDITION_TYPE,
-    POOL_ANNOTATION,
+    CiliumCondition, CiliumConditionChange, Client, ClientError, Event, EventType,
+    ServiceCondition, ServiceWrite, CILIUM_CONDITION_TYPE, CONDITION_TYPE, POOL_ANNOTATION,
 };
 pub use controller::{
     reason, AllocatingController, Asks, Controller, ControllerConfig, ControllerStats, Explanation,
-    Judgement, NotHandled, Reconsider, RestoreOutcome, ServiceHolding, Shows, SyncOutcome,
-    SyncState, WakeOn,
+    Judgement, NotHandled, Reconsider, RestoreOutcome, ServiceHolding, SharingAcrossNamespaces,
+    Shows, SyncOutcome, SyncState, WakeOn,
 };
 pub use manager::{Manager, ManagerConfig};
 pub use store::{DashMapStore, Store};

@@ -6,7 +6,7 @@
 //! who holds what. Writes and events happen after the lock is released.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,20 +14,23 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use allocator::{
     AllocError, Allocator, Family, FamilyPolicy, Holding as AllocatorHolding, PoolChange, Port,
-    Request, Subject,
+    Request,
 };
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use subscriber::IPAddressPool;
+use subscriber::{CiliumLoadBalancerIPPool, IPAddressPool};
 use tracing::{debug, info, warn};
 
-use super::decide::{decide, incomplete, Failure, Input, Outcome};
+use super::decide::{decide, incomplete, CiliumUnsatisfied, Failure, Input, Outcome};
 use super::service::{
     is_ours, parse_status, pool_annotation, same_but_written, status_ip_strings, status_shows,
-    status_texts, ServiceView, NO_LABELS,
+    status_texts, ServiceView, SharingAcrossNamespaces, NO_LABELS,
 };
 use super::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState, WakeOn};
-use crate::client::{Client, Event, EventType, ServiceCondition, ServiceWrite};
+use crate::client::{
+    CiliumCondition, CiliumConditionChange, Client, Event, EventType, ServiceCondition,
+    ServiceWrite,
+};
 use crate::store::Store;
 
 /// See the manager's: the cluster's own names as keys.
@@ -47,7 +50,7 @@ pub mod reason {
 }
 
 /// How the controller is set up.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ControllerConfig {
     /// Handle only Services of this `spec.loadBalancerClass`; `None`: only
     /// Services without a class.
@@ -62,6 +65,27 @@ pub struct ControllerConfig {
     /// Services show): only for the benchmark that measures what writing
     /// it costs. A host keeps the condition.
     pub without_conditions: bool,
+    /// Whether Services with a MetalLB sharing key (`allow-shared-ip`) may
+    /// share across namespaces freely (the default, MetalLB's rule) or only
+    /// as Cilium's `sharing-cross-namespace` annotations allow
+    /// (docs/cilium.md §3.4).
+    pub sharing_across_namespaces: SharingAcrossNamespaces,
+    /// Write Cilium's `cilium.io/IPAMRequestSatisfied` condition while a
+    /// `CiliumLoadBalancerIPPool` exists (docs/cilium.md §3.6); on by
+    /// default.
+    pub cilium_conditions: bool,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            lb_class: None,
+            exhaustive: false,
+            without_conditions: false,
+            sharing_across_namespaces: SharingAcrossNamespaces::default(),
+            cilium_conditions: true,
+        }
+    }
 }
 
 impl ControllerConfig {
@@ -69,6 +93,20 @@ impl ControllerConfig {
     #[must_use]
     pub fn lb_class(mut self, class: impl Into<String>) -> Self {
         self.lb_class = Some(class.into());
+        self
+    }
+
+    /// See [`ControllerConfig::sharing_across_namespaces`].
+    #[must_use]
+    pub fn sharing_across_namespaces(mut self, rule: SharingAcrossNamespaces) -> Self {
+        self.sharing_across_namespaces = rule;
+        self
+    }
+
+    /// Write no Cilium condition (see [`ControllerConfig::cilium_conditions`]).
+    #[must_use]
+    pub fn without_cilium_conditions(mut self) -> Self {
+        self.cilium_conditions = false;
         self
     }
 
@@ -121,6 +159,10 @@ struct State {
     /// `touched_by_change`). `None` after a Namespace change or sync, when
     /// any pool may serve otherwise.
     touched: Option<Vec<String>>,
+    /// The `CiliumLoadBalancerIPPool` objects that exist (accepted or
+    /// not): while there is one, Services carry Cilium's condition
+    /// (docs/cilium.md §3.6).
+    cilium_pools: BTreeSet<String>,
 }
 
 impl State {
@@ -143,6 +185,7 @@ impl State {
         families: FamilyPolicy,
         requested: &[IpAddr],
         with_condition: bool,
+        with_cilium_condition: bool,
     ) -> bool {
         if !self.nothing_pending(key) {
             return false;
@@ -162,10 +205,18 @@ impl State {
                         .is_some_and(|listed| listed == quoted(ips))
             })
         };
+        // Cilium's condition for a holding that is complete: `satisfied`,
+        // or none yet (not a write of its own, docs/cilium.md §3.6).
+        let shows_cilium = || {
+            CiliumCondition::find(service).is_none_or(|shown| {
+                shown.status == "True" && shown.reason == SATISFIED && shown.message.is_empty()
+            })
+        };
         !incomplete(families, ips, requested)
             && pool_annotation(service) == Some(pool)
             && status_shows(service, ips)
             && (!with_condition || shows_condition())
+            && (!with_cilium_condition || shows_cilium())
     }
 }
 
@@ -269,6 +320,12 @@ impl AllocatingController {
         }
     }
 
+    /// Whether Services carry Cilium's condition now: configured, and a
+    /// `CiliumLoadBalancerIPPool` exists (docs/cilium.md §3.6).
+    fn cilium_active(&self, state: &State) -> bool {
+        self.config.cilium_conditions && !state.cilium_pools.is_empty()
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A poisoned lock only means a panic elsewhere; the state itself is
         // consistent after every method, so keep going.
@@ -346,15 +403,12 @@ impl AllocatingController {
                 if !is_ours(&service, lb_class) {
                     problems.push(format!("{key} is not ours but holds {:?}", holding.ips));
                 }
-                let view = ServiceView::new(&service);
+                let view = ServiceView::new(&service, self.config.sharing_across_namespaces);
                 let namespace = self.store.namespace(view.namespace);
-                let serves = state.allocator.pool(&holding.pool).is_some_and(|pool| {
-                    pool.serves(&Subject {
-                        namespace: view.namespace,
-                        labels: view.labels,
-                        namespace_labels: labels_of(&namespace),
-                    })
-                });
+                let serves = state
+                    .allocator
+                    .pool(&holding.pool)
+                    .is_some_and(|pool| pool.serves(&view.subject(labels_of(&namespace))));
                 if !serves {
                     problems.push(format!(
                         "{key} holds addresses of pool {} which does not serve it",
@@ -387,7 +441,7 @@ impl AllocatingController {
             return self.plan_not_ours(state, key, service);
         }
         let stale_status = state.owed_clears.remove(key);
-        let view = ServiceView::new(service);
+        let view = ServiceView::new(service, self.config.sharing_across_namespaces);
         let namespace = self.store.namespace(view.namespace);
         let before = state.allocator.holding(key);
         let sharing_before = sharing_of(&state.allocator, key);
@@ -417,7 +471,18 @@ impl AllocatingController {
         let after = state.allocator.holding(key);
         let condition = (!self.config.without_conditions)
             .then(|| condition_for(key, service, &decision.outcome, after.as_ref()));
-        let write = desired_write(service, after.as_ref(), condition);
+        let cilium = if self.cilium_active(state) {
+            CiliumConditionChange::Set(cilium_condition_for(
+                &state.allocator,
+                service,
+                &view,
+                &decision.outcome,
+                after.as_ref(),
+            ))
+        } else {
+            CiliumConditionChange::Keep
+        };
+        let write = desired_write(service, after.as_ref(), condition, cilium);
         // Announced with a write of the addresses or pool (§4.2), not of
         // the condition alone.
         let moves = write.as_ref().is_some_and(|w| {
@@ -425,6 +490,13 @@ impl AllocatingController {
         });
         if moves && !view.deprecated.is_empty() {
             events.push(deprecated_event(&view.deprecated));
+        }
+        if moves {
+            events.extend(
+                view.warnings
+                    .iter()
+                    .map(|w| event(EventType::Warning, w.reason, w.message.clone())),
+            );
         }
         let changed = Change {
             before: before.as_ref(),
@@ -462,8 +534,21 @@ impl AllocatingController {
             state.owed_clears.remove(key);
         }
         let owed = state.owed_clears.contains(key);
-        let write = (anything_written && (owed || (ours_written && !is_load_balancer)))
-            .then(ServiceWrite::default);
+        // Cilium's condition goes too, as Cilium removes it (docs/cilium.md
+        // §3.6), but only while it is ours to write.
+        let cilium_condition =
+            if self.cilium_active(state) && CiliumCondition::find(service).is_some() {
+                CiliumConditionChange::Remove
+            } else {
+                CiliumConditionChange::Keep
+            };
+        let write =
+            (anything_written && (owed || (ours_written && !is_load_balancer))).then(|| {
+                ServiceWrite {
+                    cilium_condition,
+                    ..ServiceWrite::default()
+                }
+            });
         let mut outcome = SyncOutcome::success();
         outcome.wake_waiting = released.is_some();
         outcome.freed = freed(&state.allocator, released.as_ref(), None);
@@ -491,7 +576,7 @@ impl AllocatingController {
         if status_strings.is_empty() {
             return (RestoreOutcome::Nothing, None);
         }
-        let view = ServiceView::new(service);
+        let view = ServiceView::new(service, self.config.sharing_across_namespaces);
         let namespace = self.store.namespace(view.namespace);
         let kept = match (parse_status(&status_strings), view.families) {
             (Err(reason), _) => Err(reason),
@@ -522,6 +607,7 @@ impl AllocatingController {
                             families,
                             requested,
                             !self.config.without_conditions,
+                            self.cilium_active(state),
                         )
                     });
                 let outcome = if waits_for_family {
@@ -545,6 +631,23 @@ impl AllocatingController {
                 )
             }
         }
+    }
+
+    /// What follows a pool change of either kind: count and log what it
+    /// rejected and released, and reconsider every Service.
+    fn pool_changed(&self, change: &PoolChange) -> SyncOutcome {
+        // Count every pool this change left rejected anew (or for a new
+        // reason), the changed one or another it now overlaps.
+        for rejected in &change.rejected {
+            self.pool_rejections.fetch_add(1, Ordering::Relaxed);
+            warn!(pool = %rejected.name, reason = %rejected.reason, "pool rejected");
+        }
+        for released in &change.released {
+            info!(key = %released.key, reason = %released.reason, "pool change releases addresses");
+        }
+        let mut outcome = SyncOutcome::success();
+        outcome.reconsider = Reconsider::All;
+        outcome
     }
 
     async fn carry_out(&self, key: &str, plan: Plan) -> SyncOutcome {
@@ -578,6 +681,16 @@ impl AllocatingController {
         }
         plan.outcome
     }
+}
+
+/// `metadata.creationTimestamp` in nanoseconds, which orders pools.
+fn created_of(
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<i128> {
+    metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_nanosecond())
 }
 
 /// A deleted Service releases what it held; every delete wakes the waiting
@@ -633,16 +746,83 @@ fn desired_write(
     service: &Service,
     after: Option<&AllocatorHolding>,
     condition: Option<ServiceCondition>,
+    cilium_condition: CiliumConditionChange,
 ) -> Option<ServiceWrite> {
+    // A Service without Cilium's condition gets it with the next write
+    // made anyway, not by a write of its own (docs/cilium.md §3.6).
+    let shows_cilium = match &cilium_condition {
+        CiliumConditionChange::Set(c) => {
+            CiliumCondition::find(service).is_none() || c.is_shown(service)
+        }
+        CiliumConditionChange::Keep => true,
+        CiliumConditionChange::Remove => CiliumCondition::find(service).is_none(),
+    };
     let shows = status_shows(service, after.map_or(&[], |h| &h.ips))
         && pool_annotation(service) == after.map(|h| h.pool.as_str())
-        && condition.as_ref().is_none_or(|c| c.is_shown(service));
+        && condition.as_ref().is_none_or(|c| c.is_shown(service))
+        && shows_cilium;
     (!shows).then(|| ServiceWrite {
         ingress: after.map(|h| h.ips.clone()).unwrap_or_default(),
         pool: after.map(|h| h.pool.clone()),
         // Without conditions, what the Service shows stays.
         condition: condition.or_else(|| ServiceCondition::shown(service)),
+        cilium_condition,
     })
+}
+
+/// Cilium's reason while a Service holds all it asked for.
+const SATISFIED: &str = "satisfied";
+
+/// Cilium's condition for a decision (docs/cilium.md §3.6): `satisfied`
+/// when every requested address, or every family, is held; else the
+/// nearest Cilium reason for what is missing.
+fn cilium_condition_for(
+    allocator: &Allocator,
+    service: &Service,
+    view: &ServiceView<'_>,
+    outcome: &Outcome,
+    after: Option<&AllocatorHolding>,
+) -> CiliumCondition {
+    let requested = view.requested.as_deref().unwrap_or_default();
+    let held = after.map_or(&[][..], |h| &h.ips);
+    let unsatisfied = match outcome {
+        Outcome::Holds {
+            waits_for_family: true,
+            ..
+        } => Some(missing_family(allocator, after)),
+        Outcome::Holds { .. } => requested
+            .iter()
+            .find(|ip| !held.contains(ip))
+            .map(|ip| CiliumUnsatisfied::no_pool_for(*ip)),
+        Outcome::Fails(failure) => Some(failure.cilium(requested)),
+        Outcome::Invalid(_) => Some(CiliumUnsatisfied::no_pool()),
+    };
+    let (satisfied, reason, message) = match unsatisfied {
+        None => (true, SATISFIED, String::new()),
+        Some(missing) => (false, missing.reason, missing.message),
+    };
+    CiliumCondition {
+        satisfied,
+        reason: reason.to_owned(),
+        message,
+        observed_generation: service.metadata.generation,
+    }
+}
+
+/// Why a PreferDualStack Service holding one family lacks the other: its
+/// pool has no address of that family (`no_pool`) or none free
+/// (`out_of_ips`).
+fn missing_family(allocator: &Allocator, after: Option<&AllocatorHolding>) -> CiliumUnsatisfied {
+    let Some(holding) = after else {
+        return CiliumUnsatisfied::no_pool();
+    };
+    let Some(family) = holding.ips.first().map(|ip| Family::of(*ip).other()) else {
+        return CiliumUnsatisfied::no_pool();
+    };
+    match allocator.pool(&holding.pool) {
+        Some(pool) if pool.total(family).get() != Some(0) => CiliumUnsatisfied::out_of_ips(),
+        _ => CiliumUnsatisfied::no_pool(),
+    }
 }
 
 /// The Service's condition for a decision (docs/allocation.md §4.7): True
@@ -985,11 +1165,7 @@ impl Controller for AllocatingController {
             let mut state = self.lock();
             let change = match pool {
                 Some(pool) => {
-                    let created = pool
-                        .metadata
-                        .creation_timestamp
-                        .as_ref()
-                        .map(|t| t.0.as_nanosecond());
+                    let created = created_of(&pool.metadata);
                     state.allocator.set_pool_created(name, &pool.spec, created)
                 }
                 None => state.allocator.remove_pool(name),
@@ -998,18 +1174,45 @@ impl Controller for AllocatingController {
             state.touched = Some(touched);
             change
         };
-        // Count every pool this change left rejected anew (or for a new
-        // reason), the changed one or another it now overlaps.
-        for rejected in &change.rejected {
-            self.pool_rejections.fetch_add(1, Ordering::Relaxed);
-            warn!(pool = %rejected.name, reason = %rejected.reason, "pool rejected");
-        }
-        for released in &change.released {
-            info!(key = %released.key, reason = %released.reason, "pool change releases addresses");
-        }
-        let mut outcome = SyncOutcome::success();
-        outcome.reconsider = Reconsider::All;
-        outcome
+        self.pool_changed(&change)
+    }
+
+    async fn set_cilium_pool(
+        &self,
+        name: &str,
+        pool: Option<&CiliumLoadBalancerIPPool>,
+    ) -> SyncOutcome {
+        let change = {
+            let mut state = self.lock();
+            let was_active = self.cilium_active(&state);
+            let change = match pool {
+                Some(pool) => {
+                    state.cilium_pools.insert(name.to_owned());
+                    let created = created_of(&pool.metadata);
+                    state
+                        .allocator
+                        .set_cilium_pool_created(name, &pool.spec, created)
+                }
+                None => {
+                    state.cilium_pools.remove(name);
+                    state.allocator.remove_cilium_pool(name)
+                }
+            };
+            let mut touched = touched_by(&state, &change);
+            if was_active != self.cilium_active(&state) {
+                // Cilium's condition comes or goes on every Service.
+                touched = state
+                    .allocator
+                    .holdings()
+                    .into_iter()
+                    .map(|(key, _)| key)
+                    .collect();
+                touched.extend(touched_by(&state, &change));
+            }
+            state.touched = Some(touched);
+            change
+        };
+        self.pool_changed(&change)
     }
 
     async fn set_namespace(&self, name: &str, namespace: Option<&Namespace>) -> SyncOutcome {
@@ -1048,7 +1251,7 @@ impl Controller for AllocatingController {
         {
             return false;
         }
-        let view = ServiceView::new(new);
+        let view = ServiceView::new(new, self.config.sharing_across_namespaces);
         let (Some(families), Ok(requested)) = (view.families, view.requested.as_deref()) else {
             return false;
         };
@@ -1061,6 +1264,7 @@ impl Controller for AllocatingController {
             families,
             requested,
             !self.config.without_conditions,
+            self.cilium_active(&state),
         ) && state
             .allocator
             .held(key)

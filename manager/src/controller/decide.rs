@@ -27,7 +27,11 @@ impl Failure {
             Failure::NoClusterIp => "NoClusterIP",
             Failure::Allocation(error) => match error {
                 AllocError::NoPool => "NoPoolServes",
-                AllocError::UnknownPool { .. } => "UnknownPool",
+                AllocError::UnknownPool { .. } | AllocError::CiliumPoolNamed { .. } => {
+                    "UnknownPool"
+                }
+                AllocError::PoolDisabled { .. } => "PoolDisabled",
+                AllocError::AddressReserved { .. } => "AddressReserved",
                 AllocError::PoolDoesNotServe { .. } => "PoolDoesNotServe",
                 AllocError::NoAvailable { .. } => "PoolExhausted",
                 AllocError::NotInAnyPool { .. } => "AddressOutsidePools",
@@ -196,5 +200,122 @@ fn take(
             given: Some(holding),
         },
         Err(error) => Outcome::Fails(Failure::Allocation(error)),
+    }
+}
+
+/// Cilium's message for a family no enabled pool serves (docs/cilium.md
+/// §3.6).
+const NO_POOL_MESSAGE: &str =
+    "There are no enabled CiliumLoadBalancerIPPools that match this service";
+/// Cilium's message for a family whose serving pools are full.
+const OUT_OF_IPS_MESSAGE: &str =
+    "All enabled CiliumLoadBalancerIPPools that match this service ran out of allocatable IPs";
+
+/// Cilium's reason and message for the missing part of a request
+/// (`cilium.io/IPAMRequestSatisfied`, status False).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct CiliumUnsatisfied {
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
+}
+
+impl CiliumUnsatisfied {
+    /// `no_pool` for a family (no address requested).
+    pub(crate) fn no_pool() -> Self {
+        Self {
+            reason: "no_pool",
+            message: NO_POOL_MESSAGE.to_owned(),
+        }
+    }
+
+    /// `out_of_ips`.
+    pub(crate) fn out_of_ips() -> Self {
+        Self {
+            reason: "out_of_ips",
+            message: OUT_OF_IPS_MESSAGE.to_owned(),
+        }
+    }
+
+    /// `no_pool` for a requested address.
+    pub(crate) fn no_pool_for(ip: IpAddr) -> Self {
+        Self {
+            reason: "no_pool",
+            message: format!("No pool exists with a CIDR containing '{ip}'"),
+        }
+    }
+
+    fn selector_mismatch(ip: IpAddr) -> Self {
+        Self {
+            reason: "pool_selector_mismatch",
+            message: format!(
+                "The pool with the CIDR containing '{ip}', doesn't select this service"
+            ),
+        }
+    }
+
+    fn already_allocated(ip: IpAddr) -> Self {
+        Self {
+            reason: "already_allocated",
+            message: format!("The IP '{ip}' is already allocated to another service"),
+        }
+    }
+
+    fn incompatible(ip: IpAddr, why: &str) -> Self {
+        Self {
+            reason: "already_allocated_incompatible_service",
+            message: format!(
+                "The IP '{ip}' is already allocated to an incompatible service. Reason: {why}"
+            ),
+        }
+    }
+}
+
+impl Failure {
+    /// Cilium's nearest reason for this failure (the mapping table of
+    /// docs/cilium.md §3.6). `requested`: the requested addresses, which
+    /// name the address of a failure that does not.
+    pub(crate) fn cilium(&self, requested: &[IpAddr]) -> CiliumUnsatisfied {
+        let Failure::Allocation(error) = self else {
+            return CiliumUnsatisfied::no_pool();
+        };
+        match error {
+            AllocError::NoPool
+            | AllocError::UnknownPool { .. }
+            | AllocError::CiliumPoolNamed { .. }
+            | AllocError::NoFamilyInPool { .. } => CiliumUnsatisfied::no_pool(),
+            // Cilium skips a disabled pool's ranges before it looks at the
+            // pool: no enabled range contains the address.
+            AllocError::PoolDisabled { .. } => match requested.first() {
+                Some(ip) => CiliumUnsatisfied::no_pool_for(*ip),
+                None => CiliumUnsatisfied::no_pool(),
+            },
+            // Of a requested address, the pool does not select the Service;
+            // of a requested pool, no pool serves it.
+            AllocError::PoolDoesNotServe { .. } => match requested.first() {
+                Some(ip) => CiliumUnsatisfied::selector_mismatch(*ip),
+                None => CiliumUnsatisfied::no_pool(),
+            },
+            AllocError::NoAvailable { .. } => CiliumUnsatisfied::out_of_ips(),
+            AllocError::NotInAnyPool { ip } => CiliumUnsatisfied::no_pool_for(*ip),
+            AllocError::WrongFamily { ips, .. } | AllocError::NotRequested { held: ips, .. } => {
+                match ips.first() {
+                    Some(ip) => CiliumUnsatisfied::no_pool_for(*ip),
+                    None => CiliumUnsatisfied::no_pool(),
+                }
+            }
+            AllocError::NotInRequestedPool { ip, .. } => CiliumUnsatisfied::selector_mismatch(*ip),
+            AllocError::DifferentPools { second, .. } => {
+                CiliumUnsatisfied::selector_mismatch(*second)
+            }
+            AllocError::Avoided { ip, .. }
+            | AllocError::AddressReserved { ip, .. }
+            | AllocError::Taken {
+                ip,
+                conflict: allocator::ShareConflict::InUse { .. },
+            } => CiliumUnsatisfied::already_allocated(*ip),
+            AllocError::Taken { ip, conflict } => {
+                CiliumUnsatisfied::incompatible(*ip, &conflict.to_string())
+            }
+        }
     }
 }

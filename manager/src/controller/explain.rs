@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Service;
 
 use super::allocating::{labels_of, AllocatingController};
 use super::service::{is_ours, pool_annotation, status_ip_strings, ServiceView};
-use crate::client::ServiceCondition;
+use crate::client::{CiliumCondition, ServiceCondition};
 
 /// Why the controller leaves a Service alone (docs/allocation.md §4.1).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,8 +34,20 @@ pub struct Asks {
     pub addresses: Result<Vec<IpAddr>, String>,
     /// `address-pool`.
     pub pool: Option<String>,
-    /// `allow-shared-ip`; empty: no sharing.
+    /// `allow-shared-ip` or Cilium's `sharing-key` (docs/cilium.md §4.2);
+    /// empty: no sharing.
     pub sharing_key: String,
+    /// Whose rule the key follows.
+    pub sharing_rule: allocator::SharingRule,
+    /// The namespaces the key may be shared with (`*`: any); `None`: any,
+    /// without asking (a MetalLB key under `--sharing-across-namespaces
+    /// allow`).
+    pub sharing_namespaces: Option<Vec<String>>,
+    /// The requested addresses come from `lbipam.cilium.io/ips`.
+    pub cilium_request: bool,
+    /// Warnings about Cilium annotations (ignored, or partly unreadable),
+    /// as `(reason, message)`.
+    pub warnings: Vec<(String, String)>,
     /// Empty for `externalTrafficPolicy: Cluster`, the pod selector for
     /// `Local`.
     pub backend_key: String,
@@ -63,6 +75,8 @@ pub struct Shows {
     pub pool: Option<String>,
     /// The `metallb.io/AddressAssigned` condition the controller wrote.
     pub condition: Option<ServiceCondition>,
+    /// Cilium's `cilium.io/IPAMRequestSatisfied` condition.
+    pub cilium_condition: Option<CiliumCondition>,
 }
 
 /// The decision for a handled Service.
@@ -95,7 +109,7 @@ impl AllocatingController {
     /// Changes nothing.
     pub fn explain(&self, key: &str) -> Option<Explanation> {
         let service = self.store.service(key)?;
-        let view = ServiceView::new(&service);
+        let view = ServiceView::new(&service, self.config.sharing_across_namespaces);
         let namespace = self.store.namespace(view.namespace);
         let namespace_labels = labels_of(&namespace);
         let lb_class = self.config.lb_class.as_deref();
@@ -117,6 +131,14 @@ impl AllocatingController {
             addresses: view.requested.clone(),
             pool: view.pool.map(str::to_owned),
             sharing_key: view.sharing_key.to_owned(),
+            sharing_rule: view.sharing_rule,
+            sharing_namespaces: view.sharing_namespaces.clone(),
+            cilium_request: view.cilium_request,
+            warnings: view
+                .warnings
+                .iter()
+                .map(|w| (w.reason.to_owned(), w.message.clone()))
+                .collect(),
             backend_key: view.backend_key.clone(),
             ports: view.ports.clone(),
             families: view.families,
@@ -131,6 +153,7 @@ impl AllocatingController {
             ips: status_ip_strings(&service),
             pool: pool_annotation(&service).map(str::to_owned),
             condition: ServiceCondition::shown(&service),
+            cilium_condition: CiliumCondition::shown(&service),
         };
         Some(Explanation {
             key: key.to_owned(),

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use subscriber::IPAddressPool;
+use subscriber::{CiliumLoadBalancerIPPool, IPAddressPool};
 
 mod allocating;
 mod decide;
@@ -14,6 +14,7 @@ pub use allocating::{
     reason, AllocatingController, ControllerConfig, ControllerStats, ServiceHolding,
 };
 pub use explain::{Asks, Explanation, Judgement, NotHandled, Shows};
+pub use service::SharingAcrossNamespaces;
 
 /// What became of one reconciliation, and what the manager must do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,6 +130,16 @@ pub trait Controller: Send + Sync + 'static {
     async fn set_balancer(&self, key: &str, service: Option<&Service>) -> SyncOutcome;
     /// Applies a pool change; `None` when the pool is deleted.
     async fn set_pool(&self, name: &str, pool: Option<&IPAddressPool>) -> SyncOutcome;
+    /// Applies a `CiliumLoadBalancerIPPool` change; `None` when it is
+    /// deleted. The default ignores Cilium pools.
+    async fn set_cilium_pool(
+        &self,
+        name: &str,
+        pool: Option<&CiliumLoadBalancerIPPool>,
+    ) -> SyncOutcome {
+        let _ = (name, pool);
+        SyncOutcome::success()
+    }
     /// Applies a Namespace change; `None` when it is deleted.
     async fn set_namespace(&self, name: &str, namespace: Option<&Namespace>) -> SyncOutcome;
     /// The first pass of docs/allocation.md §4.5 (at sync, and after a pool or

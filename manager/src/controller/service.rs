@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use allocator::{Family, FamilyPolicy, Port, Protocol, Request, Subject};
+use allocator::{
+    Family, FamilyPolicy, Port, Protocol, Request, SharingNamespaces, SharingRule, Subject,
+};
 use k8s_openapi::api::core::v1::Service;
 
 use crate::client::POOL_ANNOTATION;
@@ -23,6 +25,22 @@ const SHARING: (&str, &str) = (
     "metallb.io/allow-shared-ip",
     "metallb.universe.tf/allow-shared-ip",
 );
+
+/// Cilium's LB-IPAM annotations, as (name, older alias) (docs/cilium.md §3.2).
+pub(crate) const CILIUM_IPS: (&str, &str) = ("lbipam.cilium.io/ips", "io.cilium/lb-ipam-ips");
+pub(crate) const CILIUM_SHARING: (&str, &str) = (
+    "lbipam.cilium.io/sharing-key",
+    "io.cilium/lb-ipam-sharing-key",
+);
+pub(crate) const CILIUM_CROSS_NAMESPACE: (&str, &str) = (
+    "lbipam.cilium.io/sharing-cross-namespace",
+    "io.cilium/lb-ipam-sharing-cross-namespace",
+);
+
+/// Warning Event reasons of the annotation reading (docs/cilium.md §3.2,
+/// §4.2).
+pub(crate) const INVALID_ANNOTATION_VALUE: &str = "InvalidAnnotationValue";
+pub(crate) const IGNORED_ANNOTATION: &str = "IgnoredAnnotation";
 
 /// Labels of an object without any.
 pub(crate) static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
@@ -72,27 +90,73 @@ pub(crate) fn is_ours(service: &Service, lb_class: Option<&str>) -> bool {
             == host_class
 }
 
+/// A Cilium annotation (docs/cilium.md §3.2): the first name present wins,
+/// even with an empty value (which then hides the alias); an empty value
+/// is no annotation. The name in effect and the value.
+fn cilium_annotation<'a>(
+    service: &'a Service,
+    (name, alias): (&'static str, &'static str),
+) -> Option<(&'static str, &'a str)> {
+    let annotations = service.metadata.annotations.as_ref()?;
+    let (name, value) = match annotations.get(name) {
+        Some(value) => (name, value),
+        None => (alias, annotations.get(alias)?),
+    };
+    (!value.is_empty()).then_some((name, value.as_str()))
+}
+
+/// Whether a MetalLB sharing key may be shared across namespaces (the
+/// host's `--sharing-across-namespaces`, docs/cilium.md §3.4).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SharingAcrossNamespaces {
+    /// Any namespace, as MetalLB does.
+    #[default]
+    Allow,
+    /// Only namespaces that both Services list in
+    /// `lbipam.cilium.io/sharing-cross-namespace`, as for Cilium keys.
+    Annotated,
+}
+
+/// A Warning about an annotation the Service carries, announced with the
+/// next write of its addresses (docs/cilium.md §3.2, §4.2).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct AnnotationWarning {
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
+}
+
 /// What a Service asks for and is, in plain values for the allocator,
 /// borrowed from the Service (a reconciliation copies nothing it need not).
 #[derive(Debug)]
 pub(crate) struct ServiceView<'a> {
     pub(crate) namespace: &'a str,
+    pub(crate) name: &'a str,
     pub(crate) labels: &'a BTreeMap<String, String>,
     /// `None`: no cluster IP, no address can be given.
     pub(crate) families: Option<FamilyPolicy>,
     /// The requested addresses, or why the request is invalid.
     pub(crate) requested: Result<Vec<IpAddr>, String>,
+    /// The requested addresses come from `lbipam.cilium.io/ips`.
+    pub(crate) cilium_request: bool,
     pub(crate) pool: Option<&'a str>,
     pub(crate) sharing_key: &'a str,
+    pub(crate) sharing_rule: SharingRule,
+    /// The namespaces the key may be shared with (`*`: any); `None`: any
+    /// namespace, without asking.
+    pub(crate) sharing_namespaces: Option<Vec<String>>,
     pub(crate) backend_key: String,
     pub(crate) ports: Vec<Port>,
     /// Old-prefix annotations in effect, for `DeprecatedAnnotation`.
     pub(crate) deprecated: Vec<&'static str>,
+    /// Cilium annotations ignored or partly unreadable.
+    pub(crate) warnings: Vec<AnnotationWarning>,
 }
 
 impl<'a> ServiceView<'a> {
-    pub(crate) fn new(service: &'a Service) -> ServiceView<'a> {
+    pub(crate) fn new(service: &'a Service, across: SharingAcrossNamespaces) -> ServiceView<'a> {
         let spec = service.spec.as_ref();
+        let namespace = service.metadata.namespace.as_deref().unwrap_or_default();
+        let name = service.metadata.name.as_deref().unwrap_or_default();
         let ips = annotation(service, IPS);
         let pool = annotation(service, POOL);
         let sharing = annotation(service, SHARING);
@@ -100,15 +164,59 @@ impl<'a> ServiceView<'a> {
             .iter()
             .filter_map(|a| a.deprecated)
             .collect();
-        let requested =
-            requested_addresses(ips.value, spec.and_then(|s| s.load_balancer_ip.as_deref()));
+        let mut warnings = Vec::new();
+        let spec_ip = spec.and_then(|s| s.load_balancer_ip.as_deref());
+        let metallb_ips = ips.value.filter(|v| !v.trim().is_empty());
+        let cilium_ips = cilium_annotation(service, CILIUM_IPS);
+        let (requested, cilium_request) = match (metallb_ips, cilium_ips) {
+            (Some(_), Some((cilium, _))) => {
+                warnings.push(ignored(cilium, ips.deprecated.unwrap_or(IPS.0)));
+                (requested_addresses(ips.value, spec_ip), false)
+            }
+            (None, Some((name, value))) => {
+                (cilium_requested(name, value, spec_ip, &mut warnings), true)
+            }
+            (_, None) => (requested_addresses(ips.value, spec_ip), false),
+        };
+        let metallb_key = sharing.value.unwrap_or_default().trim();
+        let cilium_key = cilium_annotation(service, CILIUM_SHARING);
+        let (sharing_key, sharing_rule) = match cilium_key {
+            Some((cilium, _)) if !metallb_key.is_empty() => {
+                warnings.push(ignored(cilium, sharing.deprecated.unwrap_or(SHARING.0)));
+                (metallb_key, SharingRule::MetalLb)
+            }
+            // Cilium's key is taken raw, not trimmed (docs/cilium.md §3.2).
+            Some((_, key)) => (key, SharingRule::Cilium),
+            None => (metallb_key, SharingRule::MetalLb),
+        };
+        let listed = || {
+            cilium_annotation(service, CILIUM_CROSS_NAMESPACE)
+                .map(|(_, value)| cross_namespaces(value))
+                .unwrap_or_default()
+        };
+        let sharing_namespaces = match (sharing_rule, across) {
+            (SharingRule::MetalLb, SharingAcrossNamespaces::Allow) => None,
+            (SharingRule::MetalLb, SharingAcrossNamespaces::Annotated)
+            | (SharingRule::Cilium, _) => Some(listed()),
+        };
         let local = spec.and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
-        let backend_key = match spec.and_then(|s| s.selector.as_ref()) {
-            Some(selector) if local => selector
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(","),
+        let selector = spec.and_then(|s| s.selector.as_ref());
+        let backend_key = match selector {
+            Some(selector)
+                if local && !(sharing_rule == SharingRule::Cilium && selector.is_empty()) =>
+            {
+                selector
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }
+            // Cilium never shares a Local Service without a selector
+            // (docs/cilium.md §3.4 rule 5): a key no other Service has
+            // (no label selector contains a parenthesis).
+            _ if local && sharing_rule == SharingRule::Cilium => {
+                format!("(no selector) {namespace}/{name}")
+            }
             _ => String::new(),
         };
         let ports = spec
@@ -124,15 +232,20 @@ impl<'a> ServiceView<'a> {
             })
             .unwrap_or_default();
         ServiceView {
-            namespace: service.metadata.namespace.as_deref().unwrap_or_default(),
+            namespace,
+            name,
             labels: service.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
             families: families(service),
             requested,
+            cilium_request,
             pool: pool.value.map(str::trim).filter(|p| !p.is_empty()),
-            sharing_key: sharing.value.unwrap_or_default().trim(),
+            sharing_key,
+            sharing_rule,
+            sharing_namespaces,
             backend_key,
             ports,
             deprecated,
+            warnings,
         }
     }
 }
@@ -149,19 +262,105 @@ impl<'a> ServiceView<'a> {
     ) -> Request<'a> {
         Request {
             key,
-            subject: Subject {
-                namespace: self.namespace,
-                labels: self.labels,
-                namespace_labels,
-            },
+            subject: self.subject(namespace_labels),
             families,
             sharing_key: self.sharing_key,
+            sharing_rule: self.sharing_rule,
+            sharing_namespaces: match &self.sharing_namespaces {
+                Some(listed) => SharingNamespaces::Listed(listed),
+                None => SharingNamespaces::Any,
+            },
             backend_key: &self.backend_key,
             ports: &self.ports,
             pool: self.pool,
             addresses: requested,
         }
     }
+
+    /// What the pools' selectors look at.
+    pub(crate) fn subject(&'a self, namespace_labels: &'a BTreeMap<String, String>) -> Subject<'a> {
+        Subject {
+            name: self.name,
+            namespace: self.namespace,
+            labels: self.labels,
+            namespace_labels,
+        }
+    }
+}
+
+/// `annotation "<ignored>" is ignored: "<winner>" is set` (docs/cilium.md
+/// §4.2).
+fn ignored(ignored: &str, winner: &str) -> AnnotationWarning {
+    AnnotationWarning {
+        reason: IGNORED_ANNOTATION,
+        message: format!("annotation {ignored:?} is ignored: {winner:?} is set"),
+    }
+}
+
+/// The namespaces of `lbipam.cilium.io/sharing-cross-namespace`: split on
+/// commas, trimmed (Cilium v1.21), empty entries dropped.
+fn cross_namespaces(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The addresses Cilium's annotation `name` (value `value`) requests
+/// (docs/cilium.md §3.3): `spec.loadBalancerIP`, then the annotation's;
+/// a part that is no address is skipped with a Warning. Duplicates are
+/// dropped (Cilium drops adjacent ones; with at most one address per
+/// family the two agree). This allocator holds one address per family
+/// (docs/cilium.md §10): more is an invalid request naming the limit.
+fn cilium_requested(
+    name: &str,
+    value: &str,
+    spec_ip: Option<&str>,
+    warnings: &mut Vec<AnnotationWarning>,
+) -> Result<Vec<IpAddr>, String> {
+    let mut ips: Vec<IpAddr> = Vec::new();
+    let mut from_spec = false;
+    let mut unreadable = |source: String, part: &str| {
+        warnings.push(AnnotationWarning {
+            reason: INVALID_ANNOTATION_VALUE,
+            message: format!(
+                "{source}: {:?} is not an IP address; ignored",
+                shortened(part)
+            ),
+        });
+    };
+    if let Some(text) = spec_ip.map(str::trim).filter(|t| !t.is_empty()) {
+        match text.parse() {
+            Ok(ip) => {
+                ips.push(ip);
+                from_spec = true;
+            }
+            Err(_) => unreadable("spec.loadBalancerIP".to_owned(), text),
+        }
+    }
+    for part in value.split(',').map(str::trim) {
+        match part.parse::<IpAddr>() {
+            Ok(ip) if ips.contains(&ip) => {}
+            Ok(ip) => ips.push(ip),
+            Err(_) => unreadable(format!("annotation {name:?}"), part),
+        }
+    }
+    for family in [Family::V4, Family::V6] {
+        let count = ips.iter().filter(|ip| Family::of(**ip) == family).count();
+        if count > 1 {
+            let source = if from_spec {
+                format!("spec.loadBalancerIP and {name} request")
+            } else {
+                format!("{name} requests")
+            };
+            return Err(format!(
+                "{source} {count} {family} addresses; this allocator holds one address per family"
+            ));
+        }
+    }
+    Ok(ips)
 }
 
 /// The requested addresses (§4.2): the annotation or `spec.loadBalancerIP`,
@@ -354,7 +553,7 @@ mod tests {
             ],
             lb(&["10.96.0.1"]),
         );
-        let view = ServiceView::new(&svc);
+        let view = ServiceView::new(&svc, SharingAcrossNamespaces::Allow);
         assert_eq!(view.pool, Some("new"));
         assert_eq!(view.sharing_key, "k");
         assert_eq!(view.deprecated, ["metallb.universe.tf/allow-shared-ip"]);
@@ -380,6 +579,176 @@ mod tests {
             1
         );
         assert!(requested_addresses(None, Some("nope")).is_err());
+    }
+
+    fn view(svc: &Service) -> ServiceView<'_> {
+        ServiceView::new(svc, SharingAcrossNamespaces::Allow)
+    }
+
+    fn messages(view: &ServiceView<'_>) -> Vec<String> {
+        view.warnings
+            .iter()
+            .map(|w| format!("{}: {}", w.reason, w.message))
+            .collect()
+    }
+
+    #[test]
+    fn cilium_name_wins_over_alias_even_empty() {
+        let svc = service(
+            &[
+                ("lbipam.cilium.io/ips", ""),
+                ("io.cilium/lb-ipam-ips", "10.0.0.1"),
+            ],
+            lb(&["10.96.0.1"]),
+        );
+        let v = view(&svc);
+        assert_eq!(v.requested, Ok(vec![]));
+        assert!(!v.cilium_request);
+        let svc = service(&[("io.cilium/lb-ipam-ips", "10.0.0.1")], lb(&["10.96.0.1"]));
+        let v = view(&svc);
+        assert_eq!(v.requested, Ok(vec!["10.0.0.1".parse().unwrap()]));
+        assert!(v.cilium_request);
+    }
+
+    #[test]
+    fn cilium_ips_skip_unparsable_parts_with_a_warning() {
+        let svc = service(
+            &[("lbipam.cilium.io/ips", " 10.0.0.300 , 10.0.0.1,,fd00::1 ")],
+            lb(&["10.96.0.1"]),
+        );
+        let v = view(&svc);
+        let ips: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()];
+        assert_eq!(v.requested, Ok(ips));
+        assert_eq!(
+            messages(&v),
+            [
+                r#"InvalidAnnotationValue: annotation "lbipam.cilium.io/ips": "10.0.0.300" is not an IP address; ignored"#,
+                r#"InvalidAnnotationValue: annotation "lbipam.cilium.io/ips": "" is not an IP address; ignored"#,
+            ]
+        );
+    }
+
+    #[test]
+    fn cilium_ips_join_spec_load_balancer_ip() {
+        let mut spec = lb(&["10.96.0.1"]);
+        spec.load_balancer_ip = Some("10.0.0.1".into());
+        // The same address twice is one.
+        let svc = service(
+            &[("lbipam.cilium.io/ips", "10.0.0.1,fd00::1")],
+            spec.clone(),
+        );
+        let v = view(&svc);
+        assert_eq!(v.requested.as_ref().map(Vec::len), Ok(2));
+        // Two of a family: beyond what this allocator holds.
+        let svc = service(&[("lbipam.cilium.io/ips", "10.0.0.2")], spec.clone());
+        assert_eq!(
+            view(&svc).requested,
+            Err(
+                "spec.loadBalancerIP and lbipam.cilium.io/ips request 2 IPv4 addresses; \
+                 this allocator holds one address per family"
+                    .to_owned()
+            )
+        );
+        let svc = service(
+            &[("io.cilium/lb-ipam-ips", "fd00::1,fd00::2,fd00::3")],
+            lb(&["10.96.0.1"]),
+        );
+        assert_eq!(
+            view(&svc).requested,
+            Err("io.cilium/lb-ipam-ips requests 3 IPv6 addresses; \
+                 this allocator holds one address per family"
+                .to_owned())
+        );
+        // An unreadable spec.loadBalancerIP is skipped, as Cilium does.
+        spec.load_balancer_ip = Some("nope".into());
+        let svc = service(&[("lbipam.cilium.io/ips", "10.0.0.2")], spec);
+        let v = view(&svc);
+        assert_eq!(v.requested, Ok(vec!["10.0.0.2".parse().unwrap()]));
+        assert_eq!(
+            messages(&v),
+            [
+                r#"InvalidAnnotationValue: spec.loadBalancerIP: "nope" is not an IP address; ignored"#
+            ]
+        );
+    }
+
+    #[test]
+    fn metallb_annotations_win_with_a_warning() {
+        let svc = service(
+            &[
+                ("metallb.io/loadBalancerIPs", "10.0.0.1"),
+                ("lbipam.cilium.io/ips", "10.0.0.2"),
+                ("metallb.universe.tf/allow-shared-ip", "m"),
+                ("io.cilium/lb-ipam-sharing-key", "c"),
+            ],
+            lb(&["10.96.0.1"]),
+        );
+        let v = view(&svc);
+        assert_eq!(v.requested, Ok(vec!["10.0.0.1".parse().unwrap()]));
+        assert!(!v.cilium_request);
+        assert_eq!((v.sharing_key, v.sharing_rule), ("m", SharingRule::MetalLb));
+        assert_eq!(
+            messages(&v),
+            [
+                r#"IgnoredAnnotation: annotation "lbipam.cilium.io/ips" is ignored: "metallb.io/loadBalancerIPs" is set"#,
+                r#"IgnoredAnnotation: annotation "io.cilium/lb-ipam-sharing-key" is ignored: "metallb.universe.tf/allow-shared-ip" is set"#,
+            ]
+        );
+        // An empty MetalLB annotation is none: Cilium's counts, silently.
+        let svc = service(
+            &[
+                ("metallb.io/allow-shared-ip", " "),
+                ("lbipam.cilium.io/sharing-key", " k "),
+            ],
+            lb(&["10.96.0.1"]),
+        );
+        let v = view(&svc);
+        assert_eq!(
+            (v.sharing_key, v.sharing_rule),
+            (" k ", SharingRule::Cilium)
+        );
+        assert!(v.warnings.is_empty());
+    }
+
+    #[test]
+    fn cross_namespace_lists_by_key_kind_and_mode() {
+        let cross = ("lbipam.cilium.io/sharing-cross-namespace", "a, b ,,*");
+        let listed = Some(vec!["a".to_owned(), "b".to_owned(), "*".to_owned()]);
+        let cilium = service(
+            &[cross, ("lbipam.cilium.io/sharing-key", "k")],
+            lb(&["10.96.0.1"]),
+        );
+        for mode in [
+            SharingAcrossNamespaces::Allow,
+            SharingAcrossNamespaces::Annotated,
+        ] {
+            assert_eq!(ServiceView::new(&cilium, mode).sharing_namespaces, listed);
+        }
+        // A Cilium key without the annotation: its own namespace only.
+        let alone = service(&[("lbipam.cilium.io/sharing-key", "k")], lb(&["10.96.0.1"]));
+        assert_eq!(view(&alone).sharing_namespaces, Some(vec![]));
+        let metallb = service(
+            &[cross, ("metallb.io/allow-shared-ip", "k")],
+            lb(&["10.96.0.1"]),
+        );
+        assert_eq!(view(&metallb).sharing_namespaces, None);
+        assert_eq!(
+            ServiceView::new(&metallb, SharingAcrossNamespaces::Annotated).sharing_namespaces,
+            listed
+        );
+    }
+
+    #[test]
+    fn cilium_backend_key_for_local_without_selector_is_unique() {
+        let mut spec = lb(&["10.96.0.1"]);
+        spec.external_traffic_policy = Some("Local".into());
+        let keyed = service(&[("lbipam.cilium.io/sharing-key", "k")], spec.clone());
+        assert_eq!(view(&keyed).backend_key, "(no selector) ns/web");
+        let metallb = service(&[("metallb.io/allow-shared-ip", "k")], spec.clone());
+        assert_eq!(view(&metallb).backend_key, "");
+        spec.selector = Some([("app".to_string(), "web".to_string())].into());
+        let keyed = service(&[("lbipam.cilium.io/sharing-key", "k")], spec);
+        assert_eq!(view(&keyed).backend_key, "app=web");
     }
 
     #[test]
@@ -428,10 +797,14 @@ mod tests {
         let mut spec = lb(&["10.96.0.1"]);
         spec.selector = Some([("app".to_string(), "web".to_string())].into());
         assert_eq!(
-            ServiceView::new(&service(&[], spec.clone())).backend_key,
+            ServiceView::new(&service(&[], spec.clone()), SharingAcrossNamespaces::Allow)
+                .backend_key,
             ""
         );
         spec.external_traffic_policy = Some("Local".into());
-        assert_eq!(ServiceView::new(&service(&[], spec)).backend_key, "app=web");
+        assert_eq!(
+            ServiceView::new(&service(&[], spec), SharingAcrossNamespaces::Allow).backend_key,
+            "app=web"
+        );
     }
 }
