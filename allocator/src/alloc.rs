@@ -9,13 +9,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use pool_types::cilium::CiliumLoadBalancerIPPoolSpec;
+
 use crate::addr::{from_int, to_int, Family};
-use crate::count::AddressCount;
+use crate::count::{AddressCount, WideCount};
 use crate::error::{AllocError, ShareConflict};
 use crate::group::{GroupIndex, Rank};
 use crate::holders::Holders;
-use crate::pool::{AddrRange, Pool, PoolError};
-use crate::request::{FamilyPolicy, Port, Request};
+use crate::pool::{AddrRange, Conflict, Pool, PoolError, PoolKind};
+use crate::request::{FamilyPolicy, Port, Request, SharingNamespaces, SharingRule};
 use crate::spec::IPAddressPoolSpec;
 use crate::used::UsedSet;
 
@@ -42,25 +44,60 @@ pub struct Holding {
 /// Usable and assigned addresses of one family in one pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FamilyStats {
-    /// Usable addresses (after avoidBuggyIPs), up to 2^128.
+    /// Addresses (after avoidBuggyIPs, reserved ends included), up to 2^128.
     pub total: AddressCount,
     /// Addresses in use; a shared address counts once.
     pub assigned: u128,
+    /// Reserved ends (Cilium `allowFirstLastIPs: No`): never handed out.
+    pub reserved: u128,
 }
 
 /// Counters of one accepted pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolStats {
     pub name: String,
+    pub kind: PoolKind,
     pub ipv4: FamilyStats,
     pub ipv6: FamilyStats,
+}
+
+/// Cilium's counts of one pool, both families summed, exact at any size
+/// (docs/cilium.md §2.8): the messages of its `cilium.io/IPsTotal`,
+/// `IPsUsed` and `IPsAvailable` conditions, written with `to_string()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CiliumCounts {
+    /// Every address of every block, reserved ends included.
+    pub total: WideCount,
+    /// Distinct held addresses plus reserved ends.
+    pub used: WideCount,
+    /// `total - used`.
+    pub available: WideCount,
+}
+
+impl PoolStats {
+    /// Cilium's counts of the pool (meaningful for either kind).
+    pub fn cilium_counts(&self) -> CiliumCounts {
+        let total = WideCount::sum(self.ipv4.total, self.ipv6.total);
+        let used = WideCount::from(self.ipv4.assigned + self.ipv4.reserved)
+            .plus(WideCount::from(self.ipv6.assigned + self.ipv6.reserved));
+        CiliumCounts {
+            total,
+            used,
+            available: total.minus(used),
+        }
+    }
 }
 
 /// A pool object that is not accepted, with the reason.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RejectedPool {
     pub name: String,
+    pub kind: PoolKind,
     pub reason: String,
+    /// For a pool rejected for an overlap (with an older pool, or within
+    /// itself): the two ranges and the other pool, for Cilium's
+    /// `cilium.io/PoolConflict` message ([`Conflict::cilium_message`]).
+    pub conflict: Option<Conflict>,
 }
 
 /// A Service whose addresses a pool change released.
@@ -91,17 +128,43 @@ struct PoolObject {
     order: OrderKey,
 }
 
+/// Names of pool objects, per kind (indexed by [`PoolKind::index`]).
+type Objects = [HashMap<String, PoolObject, FastHash>; 2];
+
 /// Creation order: by `metadata.creationTimestamp` (nanoseconds since the
 /// epoch) where known, pools without one after those with one, arrival
 /// order breaking ties.
 type OrderKey = (bool, Option<i128>, u64);
 
-/// Why a pool object is rejected, and the accepted pool that blocks it
-/// (an overlap): removing that one may bring it in.
+/// Why a pool object is rejected, and the pool name that blocks it (an
+/// overlap, or an older pool of the other kind with the same name):
+/// removing or changing a pool of that name may bring it in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Rejection {
     reason: String,
     blocker: Option<Arc<str>>,
+    /// Boxed: rare, and large.
+    conflict: Option<Box<Conflict>>,
+}
+
+impl Rejection {
+    /// A rejection for `error`, of a pool named `name` of kind `kind`.
+    fn of(error: &PoolError, name: &str, kind: PoolKind) -> Self {
+        let conflict = match error {
+            PoolError::BlockOverlap { ranges, .. } => Some(Box::new(Conflict {
+                range: ranges.0,
+                other_range: ranges.1,
+                other_pool: name.to_owned(),
+                other_kind: kind,
+            })),
+            _ => None,
+        };
+        Rejection {
+            reason: error.to_string(),
+            blocker: None,
+            conflict,
+        }
+    }
 }
 
 /// A pool's place in the §4.4 step 4 order: pinned pools by priority (1
@@ -112,25 +175,43 @@ type AutoKey = (bool, u64, Arc<str>);
 /// one unambiguous string: the Services one address may stack.
 type Group = Arc<str>;
 
-/// The group of a Service with sharing key `sharing` (empty: none).
-fn group_of(sharing: &str, backend: &str) -> Option<String> {
-    (!sharing.is_empty()).then(|| format!("{}:{sharing}{backend}", sharing.len()))
+/// The group of a Service with sharing key `sharing` (empty: none) under
+/// `rule`: the rule's tag, the key's length, the key, the backend key.
+fn group_of(rule: SharingRule, sharing: &str, backend: &str) -> Option<String> {
+    (!sharing.is_empty()).then(|| format!("{}{}:{sharing}{backend}", rule.tag(), sharing.len()))
 }
 
-/// The sharing key part of a group.
+/// The group of `request`.
+fn group_of_request(request: &Request<'_>) -> Option<String> {
+    group_of(
+        request.sharing_rule,
+        request.sharing_key,
+        request.backend_key,
+    )
+}
+
+/// The rule tag and sharing key part of a group.
 fn sharing_part(group: &str) -> &str {
     group
         .split_once(':')
-        .and_then(|(len, rest)| rest.get(..len.parse::<usize>().ok()?))
+        .and_then(|(len, rest)| rest.get(..len.get(1..)?.parse::<usize>().ok()?))
         .unwrap_or_default()
+}
+
+/// Whether two groups' rules are the same (their first character).
+fn same_rule(a: &str, b: &str) -> bool {
+    a.chars().next() == b.chars().next()
 }
 
 /// One family of an accepted pool: what is used, which entries have room,
 /// and where each sharing group may stack.
 #[derive(Debug)]
 struct FamilyState {
+    /// Held addresses and reserved ends.
     used: UsedSet,
     total: AddressCount,
+    /// How many of `used` are reserved ends.
+    reserved: u128,
     /// The pool's entries of this family by first address: first → (last,
     /// index in `spec.addresses`), to find an address's entry.
     entries: BTreeMap<u128, (u128, u32)>,
@@ -142,7 +223,17 @@ struct FamilyState {
 
 impl FamilyState {
     fn new(pool: &Pool, family: Family) -> Self {
-        let used = UsedSet::new(pool.usable(family));
+        let mut used = UsedSet::new(pool.usable(family));
+        // Reserved ends are in use by nobody, as Cilium allocates them with
+        // no owner: never free, never held. O(1) per range.
+        for range in pool
+            .ranges
+            .iter()
+            .filter(|r| r.family == family && r.reserve_ends)
+        {
+            used.insert(range.first);
+            used.insert(range.last);
+        }
         let mut entries = BTreeMap::new();
         let mut open = BTreeSet::new();
         for (index, range) in pool.ranges.iter().enumerate() {
@@ -160,6 +251,7 @@ impl FamilyState {
         Self {
             used,
             total: pool.total(family),
+            reserved: pool.reserved(family),
             entries,
             open,
             groups: HashMap::default(),
@@ -170,6 +262,18 @@ impl FamilyState {
     fn rank(&self, value: u128) -> Option<Rank> {
         let (_, (last, index)) = self.entries.range(..=value).next_back()?;
         (*last >= value).then_some((*index, value))
+    }
+
+    /// Whether `value` is a reserved end of its entry. O(log entries).
+    fn is_reserved(&self, pool: &Pool, value: u128) -> bool {
+        self.rank(value)
+            .and_then(|(index, _)| self.entry(pool, index))
+            .is_some_and(|range| range.reserves(value))
+    }
+
+    /// Addresses held by Services (reserved ends aside).
+    fn held(&self) -> u128 {
+        self.used.len().saturating_sub(self.reserved)
     }
 
     /// The entry `index`'s bounds.
@@ -234,8 +338,8 @@ impl PoolState {
             FamilyState::new(&pool, Family::V6),
         ];
         let name: Arc<str> = Arc::from(pool.name.as_str());
-        let auto = pool
-            .auto_assign
+        // A disabled pool is never a candidate (docs/cilium.md §2.5).
+        let auto = (pool.auto_assign && !pool.disabled)
             .then(|| (!pool.is_pinned(), pool.priority_rank(), Arc::clone(&name)));
         Self {
             pool,
@@ -292,6 +396,26 @@ struct Held {
 struct Sharing {
     group: Group,
     ports: Box<[Port]>,
+    namespace: Arc<str>,
+    /// The other namespaces it admits; `None`: any.
+    admits: Option<Box<[Box<str>]>>,
+}
+
+impl Sharing {
+    fn admits(&self, namespace: &str) -> bool {
+        self.admits
+            .as_deref()
+            .is_none_or(|list| list.iter().any(|n| &**n == namespace))
+    }
+}
+
+/// A request's namespaces as a holder keeps them: `None` for any.
+fn admits_of(namespaces: SharingNamespaces<'_>) -> Option<Box<[Box<str>]>> {
+    match namespaces {
+        SharingNamespaces::Any => None,
+        SharingNamespaces::Listed(list) if list.iter().any(|n| n == "*") => None,
+        SharingNamespaces::Listed(list) => Some(list.iter().map(|n| n.as_str().into()).collect()),
+    }
 }
 
 impl Held {
@@ -302,6 +426,20 @@ impl Held {
     fn ports(&self) -> &[Port] {
         self.sharing.as_deref().map_or(&[], |s| &s.ports)
     }
+
+    /// Whether it restricts the namespaces it shares with.
+    fn restricts(&self) -> bool {
+        self.sharing.as_deref().is_some_and(|s| s.admits.is_some())
+    }
+}
+
+/// Whether a Service of `request` and a holder may share across their
+/// namespaces: one namespace, or each admits the other's (docs/cilium.md
+/// §3.4, rule 2).
+fn namespaces_agree(request: &Request<'_>, holder: &Sharing) -> bool {
+    let ours = request.subject.namespace;
+    *holder.namespace == *ours
+        || (request.sharing_namespaces.admits(&holder.namespace) && holder.admits(ours))
 }
 
 /// The automatic pools with room, per question asked: a free address of
@@ -322,15 +460,16 @@ struct AutoIndex {
 /// deterministic, and every method is total (no panic on any input).
 #[derive(Debug, Default)]
 pub struct Allocator {
-    /// Every pool object by name.
-    objects: HashMap<String, PoolObject, FastHash>,
-    /// Pool names in creation order.
-    order: BTreeMap<OrderKey, String>,
+    /// Every pool object, per kind, by name.
+    objects: Objects,
+    /// Pool objects in creation order.
+    order: BTreeMap<OrderKey, (PoolKind, String)>,
     next_seq: u64,
-    /// Accepted pools by name.
+    /// Accepted pools by name: both kinds share one name space, the
+    /// older object of a name taking it.
     pools: BTreeMap<Arc<str>, PoolState>,
-    /// Rejected pools by name.
-    rejected: BTreeMap<String, Rejection>,
+    /// Rejected pools by name and kind.
+    rejected: BTreeMap<(String, PoolKind), Rejection>,
     /// How many rejected pools each accepted pool blocks.
     blocking: HashMap<Arc<str>, u32, FastHash>,
     /// Accepted pools' ranges: (family, first) → (last, pool), for locating
@@ -339,6 +478,9 @@ pub struct Allocator {
     auto: AutoIndex,
     services: HashMap<Arc<str>, Held, FastHash>,
     addresses: HashMap<IpAddr, Holders, FastHash>,
+    /// Per address, how many holders restrict the namespaces they share
+    /// with (absent: none): without any, the namespace rule passes at once.
+    restricted: HashMap<IpAddr, u32, FastHash>,
     /// Search steps taken (entries, runs, holders and pools looked at):
     /// what cost tests count.
     steps: Cell<u64>,
@@ -366,8 +508,8 @@ impl Allocator {
 
     // ----- pools -----
 
-    /// Adds or replaces the pool `name` (a replaced pool keeps its creation
-    /// position) and recomputes which pools are accepted.
+    /// Adds or replaces the `IPAddressPool` `name` (a replaced pool keeps
+    /// its creation position) and recomputes which pools are accepted.
     pub fn set_pool(&mut self, name: &str, spec: &IPAddressPoolSpec) -> PoolChange {
         self.set_pool_created(name, spec, None)
     }
@@ -383,7 +525,42 @@ impl Allocator {
         created: Option<i128>,
     ) -> PoolChange {
         let parsed = Pool::parse(name, spec);
-        let order = match self.objects.get(name) {
+        self.set_object(PoolKind::IPAddressPool, name, parsed, created)
+    }
+
+    /// Adds or replaces the `CiliumLoadBalancerIPPool` `name`
+    /// ([`Pool::parse_cilium`]), as [`Allocator::set_pool`] does for an
+    /// `IPAddressPool`: one creation order and one name space for both
+    /// kinds (docs/allocation.md §3.3).
+    pub fn set_cilium_pool(
+        &mut self,
+        name: &str,
+        spec: &CiliumLoadBalancerIPPoolSpec,
+    ) -> PoolChange {
+        self.set_cilium_pool_created(name, spec, None)
+    }
+
+    /// [`Allocator::set_cilium_pool`] with a known creation time, as
+    /// [`Allocator::set_pool_created`].
+    pub fn set_cilium_pool_created(
+        &mut self,
+        name: &str,
+        spec: &CiliumLoadBalancerIPPoolSpec,
+        created: Option<i128>,
+    ) -> PoolChange {
+        let parsed = Pool::parse_cilium(name, spec);
+        self.set_object(PoolKind::CiliumLoadBalancerIPPool, name, parsed, created)
+    }
+
+    fn set_object(
+        &mut self,
+        kind: PoolKind,
+        name: &str,
+        parsed: Result<Pool, PoolError>,
+        created: Option<i128>,
+    ) -> PoolChange {
+        let objects = self.objects_mut(kind);
+        let order = match objects.get(name) {
             Some(old) => {
                 let created = created.or(old.order.1);
                 let order = (created.is_none(), created, old.order.2);
@@ -400,24 +577,39 @@ impl Allocator {
             }
         };
         if let Some(old) = self
-            .objects
+            .objects_mut(kind)
             .insert(name.to_owned(), PoolObject { parsed, order })
         {
             self.order.remove(&old.order);
         }
-        self.order.insert(order, name.to_owned());
+        self.order.insert(order, (kind, name.to_owned()));
         let newest = self.order.last_key_value().map(|(key, _)| *key) == Some(order);
-        if newest && !self.is_blocking(name) && !self.forced_rebuild() {
-            self.set_newest(name)
+        // A name used by both kinds is decided by the full recomputation.
+        let shared_name = self.object(kind.other(), name).is_some();
+        if newest && !shared_name && !self.is_blocking(name) && !self.forced_rebuild() {
+            self.set_newest(kind, name)
         } else {
             self.recompute_pools(name)
         }
     }
 
-    /// Removes the pool `name`, if present, and recomputes acceptance: a pool
-    /// it overlapped may now be accepted.
+    /// Removes the `IPAddressPool` `name`, if present, and recomputes
+    /// acceptance: a pool it overlapped may now be accepted.
     pub fn remove_pool(&mut self, name: &str) -> PoolChange {
-        let Some(object) = self.objects.remove(name) else {
+        self.remove_pool_of(PoolKind::IPAddressPool, name)
+    }
+
+    /// Removes the `CiliumLoadBalancerIPPool` `name`, as
+    /// [`Allocator::remove_pool`].
+    pub fn remove_cilium_pool(&mut self, name: &str) -> PoolChange {
+        self.remove_pool_of(PoolKind::CiliumLoadBalancerIPPool, name)
+    }
+
+    /// Removes the pool object `name` of `kind`, if present: a pool it
+    /// overlapped, or the newer pool of the other kind with its name, may
+    /// now be accepted.
+    pub fn remove_pool_of(&mut self, kind: PoolKind, name: &str) -> PoolChange {
+        let Some(object) = self.objects_mut(kind).remove(name) else {
             return PoolChange::default();
         };
         self.order.remove(&object.order);
@@ -426,15 +618,43 @@ impl Allocator {
         }
         // Nothing depends on a rejected pool, nor on an accepted one that
         // blocks no other: only its own holdings go.
-        self.forget_rejection(name);
+        self.forget_rejection(kind, name);
         let mut change = PoolChange {
             changed: vec![name.to_owned()],
             ..PoolChange::default()
         };
-        if let Some(state) = self.remove_state(name) {
-            change.released = self.rehome(&[state]);
+        if self.pools.get(name).is_some_and(|s| s.pool.kind == kind) {
+            if let Some(state) = self.remove_state(name) {
+                change.released = self.rehome(&[state]);
+            }
         }
         change
+    }
+
+    fn objects_mut(&mut self, kind: PoolKind) -> &mut HashMap<String, PoolObject, FastHash> {
+        match kind {
+            PoolKind::IPAddressPool => &mut self.objects[0],
+            PoolKind::CiliumLoadBalancerIPPool => &mut self.objects[1],
+        }
+    }
+
+    fn object(&self, kind: PoolKind, name: &str) -> Option<&PoolObject> {
+        self.objects.get(kind.index())?.get(name)
+    }
+
+    /// The rejection of `name` of `kind` for its name, when an older object
+    /// of the other kind has it.
+    fn name_taken(&self, kind: PoolKind, name: &str, order: OrderKey) -> Option<Rejection> {
+        let other = self.object(kind.other(), name)?;
+        (other.order < order).then(|| Rejection {
+            reason: PoolError::NameTaken {
+                other_pool: name.to_owned(),
+                other_kind: kind.other(),
+            }
+            .to_string(),
+            blocker: Some(Arc::from(name)),
+            conflict: None,
+        })
     }
 
     fn forced_rebuild(&self) -> bool {
@@ -449,8 +669,8 @@ impl Allocator {
         self.blocking.get(name).is_some_and(|n| *n > 0)
     }
 
-    fn forget_rejection(&mut self, name: &str) {
-        if let Some(rejection) = self.rejected.remove(name) {
+    fn forget_rejection(&mut self, kind: PoolKind, name: &str) {
+        if let Some(rejection) = self.rejected.remove(&(name.to_owned(), kind)) {
             if let Some(blocker) = rejection.blocker {
                 if let Some(count) = self.blocking.get_mut(&blocker) {
                     *count = count.saturating_sub(1);
@@ -462,20 +682,21 @@ impl Allocator {
         }
     }
 
-    fn reject(&mut self, name: &str, rejection: Rejection) {
+    fn reject(&mut self, kind: PoolKind, name: &str, rejection: Rejection) {
         if let Some(blocker) = &rejection.blocker {
             *self.blocking.entry(Arc::clone(blocker)).or_insert(0) += 1;
         }
-        self.rejected.insert(name.to_owned(), rejection);
+        self.rejected.insert((name.to_owned(), kind), rejection);
     }
 
-    /// The pool `name`, the newest and blocking no other, changed: only its
-    /// own acceptance is at stake, against the older accepted pools, and
-    /// only its own holdings may move. O(entries × log pools).
-    fn set_newest(&mut self, name: &str) -> PoolChange {
-        self.forget_rejection(name);
+    /// The pool `name` of `kind`, the newest, blocking no other and alone
+    /// with its name, changed: only its own acceptance is at stake, against
+    /// the older accepted pools, and only its own holdings may move.
+    /// O(entries × log pools).
+    fn set_newest(&mut self, kind: PoolKind, name: &str) -> PoolChange {
+        self.forget_rejection(kind, name);
         let old = self.remove_state(name);
-        let parsed = match self.objects.get(name) {
+        let parsed = match self.object(kind, name) {
             Some(object) => object.parsed.clone(),
             None => return PoolChange::default(),
         };
@@ -483,18 +704,15 @@ impl Allocator {
             changed: vec![name.to_owned()],
             ..PoolChange::default()
         };
-        let verdict = parsed.map_err(|error| Rejection {
-            reason: error.to_string(),
-            blocker: None,
-        });
+        let verdict = parsed.map_err(|error| Rejection::of(&error, name, kind));
         self.step(1);
-        let verdict = verdict.and_then(|pool| match overlap_in_index(&self.index, &pool) {
-            Some((error, blocker)) => Err(Rejection {
-                reason: error.to_string(),
-                blocker: Some(blocker),
-            }),
-            None => Ok(pool),
-        });
+        let verdict =
+            verdict.and_then(
+                |pool| match overlap_in_index(&self.index, &self.pools, &pool) {
+                    Some(rejection) => Err(rejection),
+                    None => Ok(pool),
+                },
+            );
         let mut moving = Vec::new();
         match verdict {
             Ok(pool) => {
@@ -510,9 +728,11 @@ impl Allocator {
             Err(rejection) => {
                 change.rejected.push(RejectedPool {
                     name: name.to_owned(),
+                    kind,
                     reason: rejection.reason.clone(),
+                    conflict: rejection.conflict.as_deref().cloned(),
                 });
-                self.reject(name, rejection);
+                self.reject(kind, name, rejection);
                 moving.extend(old);
             }
         }
@@ -640,11 +860,13 @@ impl Allocator {
                     let f = state.family(family);
                     FamilyStats {
                         total: f.total,
-                        assigned: f.used.len(),
+                        assigned: f.held(),
+                        reserved: f.reserved,
                     }
                 };
                 PoolStats {
                     name: state.pool.name.clone(),
+                    kind: state.pool.kind,
                     ipv4: stats(Family::V4),
                     ipv6: stats(Family::V6),
                 }
@@ -652,18 +874,21 @@ impl Allocator {
             .collect()
     }
 
-    /// Every rejected pool with its reason, sorted by name.
+    /// Every rejected pool with its reason, sorted by name, then kind
+    /// (`IPAddressPool` first).
     pub fn rejected_pools(&self) -> Vec<RejectedPool> {
         self.rejected
             .iter()
-            .map(|(name, rejection)| RejectedPool {
+            .map(|((name, kind), rejection)| RejectedPool {
                 name: name.clone(),
+                kind: *kind,
                 reason: rejection.reason.clone(),
+                conflict: rejection.conflict.as_deref().cloned(),
             })
             .collect()
     }
 
-    /// The accepted pool `name`.
+    /// The accepted pool `name`, of either kind (one name space).
     pub fn pool(&self, name: &str) -> Option<&Pool> {
         self.pools.get(name).map(|state| &state.pool)
     }
@@ -683,32 +908,27 @@ impl Allocator {
         self.blocking.clear();
         let mut kept = BTreeSet::new();
         let mut moving = Vec::new();
-        let names: Vec<String> = self.order.values().cloned().collect();
-        for object_name in &names {
+        let names: Vec<(PoolKind, String)> = self.order.values().cloned().collect();
+        for (kind, object_name) in &names {
+            let kind = *kind;
             self.step(1);
-            let Some(object) = self.objects.get(object_name) else {
+            let Some(object) = self.object(kind, object_name) else {
                 continue;
             };
+            if let Some(rejection) = self.name_taken(kind, object_name, object.order) {
+                self.reject(kind, object_name, rejection);
+                continue;
+            }
             let pool = match &object.parsed {
                 Ok(pool) => pool.clone(),
                 Err(error) => {
-                    let reason = error.to_string();
-                    self.reject(
-                        object_name,
-                        Rejection {
-                            reason,
-                            blocker: None,
-                        },
-                    );
+                    let rejection = Rejection::of(error, object_name, kind);
+                    self.reject(kind, object_name, rejection);
                     continue;
                 }
             };
-            if let Some((error, blocker)) = overlap_in_index(&self.index, &pool) {
-                let rejection = Rejection {
-                    reason: error.to_string(),
-                    blocker: Some(blocker),
-                };
-                self.reject(object_name, rejection);
+            if let Some(rejection) = overlap_in_index(&self.index, &self.pools, &pool) {
+                self.reject(kind, object_name, rejection);
                 continue;
             }
             let state = match old_pools.remove(object_name.as_str()) {
@@ -736,12 +956,14 @@ impl Allocator {
         let rejected = self
             .rejected
             .iter()
-            .filter(|(pool, r)| {
-                *pool == name || old_rejected.get(*pool).map(|o| &o.reason) != Some(&r.reason)
+            .filter(|(key, r)| {
+                key.0 == name || old_rejected.get(*key).map(|o| &o.reason) != Some(&r.reason)
             })
-            .map(|(pool, r)| RejectedPool {
+            .map(|((pool, kind), r)| RejectedPool {
                 name: pool.clone(),
+                kind: *kind,
                 reason: r.reason.clone(),
+                conflict: r.conflict.as_deref().cloned(),
             })
             .collect();
         PoolChange {
@@ -770,6 +992,7 @@ impl Allocator {
                 // move, and the entry goes.
                 for ip in entry.1.ips.iter() {
                     self.addresses.remove(ip);
+                    self.restricted.remove(ip);
                 }
                 services.push(entry);
             }
@@ -807,6 +1030,12 @@ impl Allocator {
             .ok_or(AllocError::NotInAnyPool { ip })?;
         if !state.pool.usable(family).is_usable(value) {
             return Err(AllocError::Avoided {
+                ip,
+                pool: state.pool.name.clone(),
+            });
+        }
+        if state.family(family).is_reserved(&state.pool, value) {
+            return Err(AllocError::AddressReserved {
                 ip,
                 pool: state.pool.name.clone(),
             });
@@ -931,6 +1160,11 @@ impl Allocator {
     /// Releases whatever `key` holds; returns what it held.
     pub fn release(&mut self, key: &str) -> Option<Holding> {
         let (key, held) = self.services.remove_entry(key)?;
+        if held.restricts() {
+            for ip in held.ips.iter() {
+                self.unrestrict(*ip);
+            }
+        }
         for &ip in held.ips.iter() {
             let Some(holders) = self.addresses.get_mut(&ip) else {
                 continue;
@@ -976,7 +1210,22 @@ impl Allocator {
         })
     }
 
+    /// One restricting holder less on `ip`.
+    fn unrestrict(&mut self, ip: IpAddr) {
+        if let Some(count) = self.restricted.get_mut(&ip) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.restricted.remove(&ip);
+            }
+        }
+    }
+
     fn insert_held(&mut self, key: Arc<str>, held: Held) {
+        if held.restricts() {
+            for ip in held.ips.iter() {
+                *self.restricted.entry(*ip).or_insert(0) += 1;
+            }
+        }
         for &ip in held.ips.iter() {
             let (family, value) = to_int(ip);
             let new_address = match self.addresses.get_mut(&ip) {
@@ -1031,7 +1280,7 @@ impl Allocator {
 
     fn hold(&mut self, request: &Request<'_>, pool: Arc<str>, mut ips: Vec<IpAddr>) -> Holding {
         ips.sort_by_key(|ip| ip.is_ipv6());
-        let group = group_of(request.sharing_key, request.backend_key);
+        let group = group_of_request(request);
         let ports: &[Port] = if group.is_some() { request.ports } else { &[] };
         let holding = Holding {
             pool: pool.to_string(),
@@ -1040,10 +1289,15 @@ impl Allocator {
         // Keeping what is held already (every reconciliation of a settled
         // Service) changes nothing.
         if let Some(held) = self.services.get(request.key) {
+            let same_namespaces = held.sharing.as_deref().is_none_or(|s| {
+                *s.namespace == *request.subject.namespace
+                    && s.admits == admits_of(request.sharing_namespaces)
+            });
             if held.pool == pool
                 && *held.ips == *ips
                 && held.group() == group.as_deref()
                 && held.ports() == ports
+                && same_namespaces
             {
                 return holding;
             }
@@ -1056,6 +1310,8 @@ impl Allocator {
                 Box::new(Sharing {
                     group: Arc::from(group),
                     ports: ports.into(),
+                    namespace: Arc::from(request.subject.namespace),
+                    admits: admits_of(request.sharing_namespaces),
                 })
             }),
         };
@@ -1092,10 +1348,16 @@ impl Allocator {
         };
         if theirs != ours {
             let holder = first.to_string();
-            return Err(if sharing_part(theirs) != request.sharing_key {
-                ShareConflict::OtherKey { holder }
-            } else {
+            let same_key = same_rule(theirs, ours) && sharing_part(theirs) == request.sharing_key;
+            return Err(if same_key {
                 ShareConflict::OtherBackend { holder }
+            } else {
+                ShareConflict::OtherKey { holder }
+            });
+        }
+        if let Some(holder) = self.namespace_refusal(ip, request) {
+            return Err(ShareConflict::Namespace {
+                holder: holder.to_string(),
             });
         }
         let (shared, steps) = holders.first_with_port(request.key, request.ports);
@@ -1120,15 +1382,38 @@ impl Allocator {
         }
     }
 
+    /// The first holder of `ip` (other than the requester) whose namespace
+    /// rule refuses `request` (docs/cilium.md §3.4, rule 2). O(1) when no
+    /// holder restricts namespaces and neither does the request (MetalLB's
+    /// default); otherwise a walk over the holders of the one address.
+    fn namespace_refusal(&self, ip: IpAddr, request: &Request<'_>) -> Option<&Arc<str>> {
+        let restricted = self.restricted.contains_key(&ip);
+        if !restricted && request.sharing_namespaces == SharingNamespaces::Any {
+            return None;
+        }
+        let holders = self.addresses.get(&ip)?;
+        holders.iter().find(|holder| {
+            self.step(1);
+            ***holder != *request.key
+                && self
+                    .services
+                    .get(*holder)
+                    .and_then(|held| held.sharing.as_deref())
+                    .is_some_and(|sharing| !namespaces_agree(request, sharing))
+        })
+    }
+
     /// Checks `ips` against every rule for `request`: families, one pool
     /// that serves it (autoAssign aside) and allows them, sharing, and the
     /// requested addresses and pool. `partial` accepts one address of a
-    /// PreferDualStack Service (a held or requested address).
+    /// PreferDualStack Service (a held or requested address). `new`: the
+    /// addresses are asked for, not held, so a disabled pool refuses them.
     fn check(
         &self,
         request: &Request<'_>,
         ips: &[IpAddr],
         partial: bool,
+        new: bool,
     ) -> Result<Arc<str>, AllocError> {
         if !request.families.accepts(ips, partial) {
             return Err(AllocError::WrongFamily {
@@ -1147,7 +1432,14 @@ impl Allocator {
             }
         }
         let pool = self.pool_of_all(ips)?;
+        let state = self.pools.get(&pool);
         if let Some(requested) = request.pool {
+            if *pool == *requested && state.is_some_and(|s| s.pool.kind != PoolKind::IPAddressPool)
+            {
+                return Err(AllocError::CiliumPoolNamed {
+                    pool: requested.to_owned(),
+                });
+            }
             if *pool != *requested {
                 let ip = ips.first().copied().unwrap_or(IpAddr::from([0, 0, 0, 0]));
                 return Err(AllocError::NotInRequestedPool {
@@ -1157,16 +1449,18 @@ impl Allocator {
                 });
             }
         }
-        let serves = self
-            .pools
-            .get(&pool)
-            .is_some_and(|s| s.pool.serves(&request.subject));
+        let serves = state.is_some_and(|s| s.pool.serves(&request.subject));
         if !serves {
             return Err(AllocError::PoolDoesNotServe {
                 pool: pool.to_string(),
             });
         }
-        let group = group_of(request.sharing_key, request.backend_key);
+        if new && state.is_some_and(|s| s.pool.disabled) {
+            return Err(AllocError::PoolDisabled {
+                pool: pool.to_string(),
+            });
+        }
+        let group = group_of_request(request);
         for &ip in ips {
             self.fits(ip, request, group.as_deref())
                 .map_err(|conflict| AllocError::Taken { ip, conflict })?;
@@ -1178,13 +1472,13 @@ impl Allocator {
     /// still allowed (§4.4 step 1): the Service then holds exactly them.
     /// Otherwise nothing changes and the error says why.
     pub fn keep(&mut self, request: &Request<'_>, ips: &[IpAddr]) -> Result<Holding, AllocError> {
-        let pool = self.check(request, ips, true)?;
+        let pool = self.check(request, ips, true, false)?;
         Ok(self.hold(request, pool, ips.to_vec()))
     }
 
     /// Whether `keep` would succeed, without changing anything.
     pub fn can_keep(&self, request: &Request<'_>, ips: &[IpAddr]) -> Result<(), AllocError> {
-        self.check(request, ips, true).map(|_| ())
+        self.check(request, ips, true, false).map(|_| ())
     }
 
     /// Gives `request` new addresses (§4.4 steps 2–4), releasing whatever it
@@ -1206,17 +1500,31 @@ impl Allocator {
             // A PreferDualStack Service may ask for one address of either
             // family, and then holds just that one (§4.2).
             let partial = matches!(request.families, FamilyPolicy::PreferDual { .. });
-            let pool = self.check(request, request.addresses, partial)?;
+            let pool = self.check(request, request.addresses, partial, true)?;
             return Ok((pool, request.addresses.to_vec()));
         }
         match request.pool {
             Some(name) => {
-                let state = self
-                    .pools
-                    .get(name)
-                    .ok_or_else(|| AllocError::UnknownPool {
-                        pool: name.to_owned(),
-                    })?;
+                // `metallb.io/address-pool` names IPAddressPools only
+                // (docs/cilium.md §4.1).
+                let cilium_named = || AllocError::CiliumPoolNamed {
+                    pool: name.to_owned(),
+                };
+                let state = self.pools.get(name).ok_or_else(|| {
+                    if self
+                        .object(PoolKind::CiliumLoadBalancerIPPool, name)
+                        .is_some()
+                    {
+                        cilium_named()
+                    } else {
+                        AllocError::UnknownPool {
+                            pool: name.to_owned(),
+                        }
+                    }
+                })?;
+                if state.pool.kind != PoolKind::IPAddressPool {
+                    return Err(cilium_named());
+                }
                 if !state.pool.serves(&request.subject) {
                     return Err(AllocError::PoolDoesNotServe {
                         pool: name.to_owned(),
@@ -1240,12 +1548,12 @@ impl Allocator {
         }
         let held = self.services.get(request.key)?;
         // The held address must still be allowed for this request.
-        self.check(request, &held.ips, true).ok()?;
+        self.check(request, &held.ips, true, false).ok()?;
         let [ip] = *held.ips else {
             return None;
         };
         let missing = Family::of(ip).other();
-        let state = self.pools.get(&held.pool)?;
+        let state = self.pools.get(&held.pool).filter(|s| !s.pool.disabled)?;
         let value = self.lowest_fit(state, missing, request)?;
         let ips = vec![ip, from_int(missing, value)];
         let pool = Arc::clone(&state.name);
@@ -1290,7 +1598,12 @@ impl Allocator {
     /// family, or addresses of the Service's group) are looked at, in
     /// order, and the first that serves the Service and fits wins.
     fn choose_auto(&self, request: &Request<'_>) -> Result<(Arc<str>, Vec<IpAddr>), AllocError> {
-        let group = group_of(request.sharing_key, request.backend_key);
+        let group = group_of_request(request);
+        if request.sharing_rule == SharingRule::Cilium {
+            if let Some(found) = self.join_first(request, group.as_deref()) {
+                return Ok(found);
+            }
+        }
         for families in Self::passes(request.families) {
             let (with_room, stacking) = self.auto_candidates(families, group.as_deref());
             if let Some(found) = self.first_fit_of(request, families, with_room, stacking) {
@@ -1315,6 +1628,41 @@ impl Allocator {
             return Err(AllocError::NoPool);
         }
         Err(self.no_fit(request, &serving))
+    }
+
+    /// For a Cilium key: the first automatic pool (in order, per family
+    /// pass) where its group holds addresses it may join, of every family
+    /// of the pass (docs/cilium.md §4.3 step 3). Looks only at the pools
+    /// where the group stands.
+    fn join_first(
+        &self,
+        request: &Request<'_>,
+        group: Option<&str>,
+    ) -> Option<(Arc<str>, Vec<IpAddr>)> {
+        group?;
+        for families in Self::passes(request.families) {
+            let (_, stacking) = self.auto_candidates(families, group);
+            for key in stacking {
+                self.step(1);
+                let Some(state) = self.pools.get(&key.2) else {
+                    continue;
+                };
+                if !state.pool.serves(&request.subject) {
+                    continue;
+                }
+                let joined: Option<Vec<IpAddr>> = families
+                    .iter()
+                    .map(|&family| {
+                        self.first_joinable(state, family, request, (u32::MAX, u128::MAX))
+                            .map(|(_, value)| from_int(family, value))
+                    })
+                    .collect();
+                if let Some(ips) = joined {
+                    return Some((Arc::clone(&key.2), ips));
+                }
+            }
+        }
+        None
     }
 
     /// The automatic pools that may fit `families` at once: those with a
@@ -1440,17 +1788,16 @@ impl Allocator {
         let family_state = state.family(family);
         let free = family_state.lowest_free(&state.pool);
         self.step(1);
-        let group = group_of(request.sharing_key, request.backend_key);
-        let shared = group
-            .as_deref()
-            .and_then(|g| family_state.groups.get(g))
-            .and_then(|index| {
-                let until = free.unwrap_or((u32::MAX, u128::MAX));
-                let (found, steps) = index.first_without(request.ports, (0, 0), until);
-                self.step(steps);
-                found
-            });
+        // A Cilium key joins an address of its group anywhere in the pool
+        // before it takes a free one (docs/cilium.md §4.3 step 3).
+        let joins_first = request.sharing_rule == SharingRule::Cilium;
+        let until = match free {
+            Some(free) if !joins_first => free,
+            _ => (u32::MAX, u128::MAX),
+        };
+        let shared = self.first_joinable(state, family, request, until);
         let best = match (free, shared) {
+            (_, Some(shared)) if joins_first => Some(shared),
             (Some(free), Some(shared)) => Some(free.min(shared)),
             (free, shared) => free.or(shared),
         };
@@ -1464,6 +1811,38 @@ impl Allocator {
         found
     }
 
+    /// The first address (in search order, before `until`) of `request`'s
+    /// group in `state` that it may join: none of its ports taken there,
+    /// and the namespace rule met with every holder. Each address the
+    /// namespace rule refuses costs a lookup more (never for MetalLB's
+    /// default, which refuses none).
+    fn first_joinable(
+        &self,
+        state: &PoolState,
+        family: Family,
+        request: &Request<'_>,
+        until: Rank,
+    ) -> Option<Rank> {
+        let group = group_of_request(request)?;
+        let index = state.family(family).groups.get(group.as_str())?;
+        let mut from: Rank = (0, 0);
+        loop {
+            let (found, steps) = index.first_without(request.ports, from, until);
+            self.step(steps);
+            let rank = found?;
+            if self
+                .namespace_refusal(from_int(family, rank.1), request)
+                .is_none()
+            {
+                return Some(rank);
+            }
+            from = match rank.1.checked_add(1) {
+                Some(next) => (rank.0, next),
+                None => (rank.0.checked_add(1)?, 0),
+            };
+        }
+    }
+
     /// [`Allocator::lowest_fit`] as a walk over every entry and every
     /// address of the group: what the indexes must answer.
     #[cfg(all(test, debug_assertions))]
@@ -1473,12 +1852,10 @@ impl Allocator {
         family: Family,
         request: &Request<'_>,
     ) -> Option<u128> {
-        let group = group_of(request.sharing_key, request.backend_key);
+        let group = group_of_request(request);
         let used = &state.family(family).used;
-        for range in state.pool.ranges.iter().filter(|r| r.family == family) {
-            let free = used.lowest_free(range.first, range.last);
-            let upper = free.unwrap_or(range.last);
-            let shared = group.as_deref().and_then(|group| {
+        let joinable = |range: &AddrRange, upper: u128| {
+            group.as_deref().and_then(|group| {
                 used.values()
                     .filter(|v| *v >= range.first && *v <= upper)
                     .find(|&value| {
@@ -1488,11 +1865,26 @@ impl Allocator {
                                 self.services.get(h).is_some_and(|held| {
                                     held.group() == Some(group)
                                         && !held.ports().iter().any(|p| request.ports.contains(p))
+                                        && held
+                                            .sharing
+                                            .as_deref()
+                                            .is_some_and(|s| namespaces_agree(request, s))
                                 })
                             })
                         })
                     })
-            });
+            })
+        };
+        let ranges = || state.pool.ranges.iter().filter(|r| r.family == family);
+        if request.sharing_rule == SharingRule::Cilium {
+            if let Some(found) = ranges().find_map(|range| joinable(range, range.last)) {
+                return Some(found);
+            }
+        }
+        for range in ranges() {
+            let free = used.lowest_free(range.first, range.last);
+            let upper = free.unwrap_or(range.last);
+            let shared = joinable(range, upper);
             let best = match (free, shared) {
                 (Some(free), Some(shared)) => Some(free.min(shared)),
                 (free, shared) => free.or(shared),
@@ -1548,6 +1940,24 @@ impl Allocator {
                             "{ip} is held by several services but {holder} may not share it"
                         ));
                     }
+                    let namespaces_ok = helds.iter().all(|(_, other)| {
+                        let pair = (
+                            held.sharing.as_deref(),
+                            other.and_then(|o| o.sharing.as_deref()),
+                        );
+                        match pair {
+                            (Some(a), Some(b)) => {
+                                a.namespace == b.namespace
+                                    || (a.admits(&b.namespace) && b.admits(&a.namespace))
+                            }
+                            _ => true,
+                        }
+                    });
+                    if !namespaces_ok {
+                        problems.push(format!(
+                            "{ip}: {holder} shares it with a namespace it does not admit"
+                        ));
+                    }
                     for port in held.ports() {
                         if !seen.insert(port) {
                             problems.push(format!("{ip}: port {port} is used twice"));
@@ -1555,6 +1965,16 @@ impl Allocator {
                     }
                 }
             }
+        }
+        let mut restricting: HashMap<IpAddr, u32> = HashMap::new();
+        for held in self.services.values().filter(|h| h.restricts()) {
+            for ip in held.ips.iter() {
+                *restricting.entry(*ip).or_insert(0) += 1;
+            }
+        }
+        let booked: HashMap<IpAddr, u32> = self.restricted.iter().map(|(k, v)| (*k, *v)).collect();
+        if restricting != booked {
+            problems.push("the namespace-restricting holders per address are stale".to_owned());
         }
         for (key, held) in &self.services {
             for ip in &held.ips {
@@ -1589,11 +2009,16 @@ impl Allocator {
         for family in FAMILIES {
             let family_state = state.family(family);
             let counted = recount.get(&(name, family)).copied().unwrap_or(0);
-            if family_state.used.len() != counted {
+            if family_state.held() != counted {
                 problems.push(format!(
                     "pool {name} {family}: counter {} but {counted} addresses held",
-                    family_state.used.len()
+                    family_state.held()
                 ));
+            }
+            if family_state.reserved != state.pool.reserved(family)
+                || family_state.used.len() != counted + family_state.reserved
+            {
+                problems.push(format!("pool {name} {family}: reserved ends are stale"));
             }
             if family_state.total != state.pool.total(family) {
                 problems.push(format!("pool {name} {family}: total is stale"));
@@ -1619,12 +2044,13 @@ impl Allocator {
     }
 }
 
-/// The first overlap of `pool` with a range already in `index`, and the
-/// pool it overlaps, in O(entries × log(ranges)).
+/// The first overlap of `pool` with a range already in `index` (whose pools
+/// are in `pools`), as the rejection it causes, in O(entries × log(ranges)).
 fn overlap_in_index(
     index: &BTreeMap<(Family, u128), (u128, Arc<str>)>,
+    pools: &BTreeMap<Arc<str>, PoolState>,
     pool: &Pool,
-) -> Option<(PoolError, Arc<str>)> {
+) -> Option<Rejection> {
     for range in &pool.ranges {
         // Ranges in the index are disjoint: only the one starting last at or
         // before our last address can overlap us.
@@ -1634,17 +2060,38 @@ fn overlap_in_index(
             continue;
         };
         if *family == range.family && *last >= range.first {
-            let theirs = AddrRange {
-                family: *family,
-                first: *first,
-                last: *last,
-            };
+            let theirs = pools.get(other).and_then(|state| {
+                let rank = state.family(*family).rank(*first)?;
+                Some((
+                    state.family(*family).entry(&state.pool, rank.0)?,
+                    state.pool.kind,
+                ))
+            });
+            let (theirs, other_kind) = theirs.unwrap_or((
+                AddrRange {
+                    family: *family,
+                    first: *first,
+                    last: *last,
+                    reserve_ends: false,
+                },
+                PoolKind::IPAddressPool,
+            ));
             let error = PoolError::Overlap {
                 entry: range.to_string(),
                 other_pool: other.to_string(),
+                other_kind,
                 other_entry: theirs.to_string(),
             };
-            return Some((error, Arc::clone(other)));
+            return Some(Rejection {
+                reason: error.to_string(),
+                blocker: Some(Arc::clone(other)),
+                conflict: Some(Box::new(Conflict {
+                    range: *range,
+                    other_range: theirs,
+                    other_pool: other.to_string(),
+                    other_kind,
+                })),
+            });
         }
     }
     None

@@ -17,6 +17,10 @@ pub enum ShareConflict {
     /// Same key, but another backend (externalTrafficPolicy Local selector).
     #[error("it is in use by {holder} with another backend (externalTrafficPolicy/selector)")]
     OtherBackend { holder: String },
+    /// A holder in another namespace, and the two do not both admit each
+    /// other's namespace.
+    #[error("it is in use by {holder} in another namespace not allowed by lbipam.cilium.io/sharing-cross-namespace")]
+    Namespace { holder: String },
     /// A port in common.
     #[error("port {port} is already used on it by {holder}")]
     Port { holder: String, port: Port },
@@ -31,6 +35,13 @@ pub enum AllocError {
     /// The pool's serviceAllocation does not cover the Service.
     #[error("pool {pool:?} does not serve this service")]
     PoolDoesNotServe { pool: String },
+    /// `metallb.io/address-pool` names a Cilium pool (docs/cilium.md §4.1).
+    #[error("unknown pool {pool:?} (a CiliumLoadBalancerIPPool {pool:?} exists; Cilium pools are chosen by their serviceSelector)")]
+    CiliumPoolNamed { pool: String },
+    /// The pool is disabled (Cilium `spec.disabled`): it gives no new
+    /// address.
+    #[error("pool {pool:?} is disabled")]
+    PoolDisabled { pool: String },
     /// No pool with autoAssign serves the Service.
     #[error("no pool with autoAssign serves this service")]
     NoPool,
@@ -43,6 +54,9 @@ pub enum AllocError {
     /// An address avoided by the pool's avoidBuggyIPs.
     #[error("{ip} is avoided by pool {pool:?} (avoidBuggyIPs)")]
     Avoided { ip: IpAddr, pool: String },
+    /// A reserved end of a Cilium block (`allowFirstLastIPs: No`).
+    #[error("{ip} is reserved by pool {pool:?} (allowFirstLastIPs: No)")]
+    AddressReserved { ip: IpAddr, pool: String },
     /// The addresses are in different pools.
     #[error("{first} and {second} are in different pools ({first_pool:?}, {second_pool:?})")]
     DifferentPools {

@@ -9,7 +9,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::{group_of, Allocator, Holding, PoolState};
+use super::{group_of_request, Allocator, Holding, PoolState};
 use crate::addr::Family;
 use crate::error::{AllocError, ShareConflict};
 use crate::pool::Unserved;
@@ -45,6 +45,9 @@ pub enum Verdict {
     /// autoAssign is false and the Service asks for neither the pool nor
     /// one of its addresses.
     AutoAssignOff,
+    /// A disabled Cilium pool: it keeps its holders but gives no new
+    /// address.
+    Disabled,
     /// The pool has no address of the family at all.
     NoFamily { family: Family },
     /// No free address of the family is left.
@@ -182,7 +185,7 @@ impl Allocator {
         match step {
             Step::RequestedAddresses => {
                 let partial = matches!(request.families, FamilyPolicy::PreferDual { .. });
-                match self.check(request, request.addresses, partial) {
+                match self.check(request, request.addresses, partial, true) {
                     Ok(_) => Verdict::Fits {
                         ips: request.addresses.to_vec(),
                     },
@@ -190,6 +193,7 @@ impl Allocator {
                 }
             }
             Step::PoolOrder if !state.pool.auto_assign => Verdict::AutoAssignOff,
+            _ if state.pool.disabled => Verdict::Disabled,
             Step::RequestedPool | Step::PoolOrder => self.fit_verdict(state, request),
         }
     }
@@ -232,7 +236,7 @@ impl Allocator {
     /// `state` has no fitting address of `family`: full, or full and
     /// refused where the Service's sharing group stands.
     fn full_verdict(&self, state: &PoolState, family: Family, request: &Request<'_>) -> Verdict {
-        let Some(group) = group_of(request.sharing_key, request.backend_key) else {
+        let Some(group) = group_of_request(request) else {
             return Verdict::Full { family };
         };
         let mut tried: Vec<IpAddr> = self
@@ -307,12 +311,15 @@ mod tests {
         Request {
             key,
             subject: Subject {
+                name: key.split('/').nth(1).unwrap_or(key),
                 namespace: key.split('/').next().unwrap(),
                 labels,
                 namespace_labels: &NO_LABELS,
             },
             families: FamilyPolicy::Single(Family::V4),
             sharing_key: "",
+            sharing_rule: crate::SharingRule::MetalLb,
+            sharing_namespaces: crate::SharingNamespaces::Any,
             backend_key: "",
             ports: &PORTS,
             pool: None,

@@ -1,8 +1,11 @@
 //! Everything about addresses, with no Kubernetes client, no async and no I/O.
 //!
-//! The model: pool objects arrive in creation order ([`Allocator::set_pool`]);
-//! each is parsed on its own ([`Pool::parse`]) and accepted unless it overlaps
-//! a pool accepted before it. Services arrive as plain [`Request`]s (key,
+//! The model: pool objects of both kinds arrive in creation order
+//! ([`Allocator::set_pool`] for MetalLB's `IPAddressPool`,
+//! [`Allocator::set_cilium_pool`] for Cilium's `CiliumLoadBalancerIPPool`);
+//! each is parsed on its own ([`Pool::parse`], [`Pool::parse_cilium`]) into
+//! one [`Pool`] type and accepted unless it overlaps a pool accepted before
+//! it or an older pool of the other kind has its name. Services arrive as plain [`Request`]s (key,
 //! namespace and labels, families, sharing and backend keys, ports, requested
 //! pool and addresses); the allocator keeps a held address if the rules still
 //! allow it ([`Allocator::keep`]) or picks the lowest fitting one
@@ -29,17 +32,20 @@ mod used;
 #[cfg(test)]
 mod tests;
 
+pub use pool_types::cilium;
 /// The `IPAddressPool` spec types, which live in `pool_types::metallb`.
 pub use pool_types::metallb as spec;
-pub use pool_types::cilium;
 
 pub use addr::Family;
 pub use alloc::{
-    Allocator, Explanation, FamilyStats, Holding, PoolChange, PoolStats, PoolVerdict, RejectedPool,
-    Released, Step, Verdict,
+    Allocator, CiliumCounts, Explanation, FamilyStats, Holding, PoolChange, PoolStats, PoolVerdict,
+    RejectedPool, Released, Step, Verdict,
 };
-pub use count::AddressCount;
+pub use count::{AddressCount, WideCount};
 pub use error::{AllocError, ShareConflict};
-pub use pool::{parse_entry, AddrRange, Pool, PoolError, ServiceAllocation, Subject, Unserved};
-pub use request::{FamilyPolicy, Port, Protocol, Request};
+pub use pool::{
+    parse_entry, AddrRange, Conflict, Pool, PoolError, PoolKind, ServiceAllocation, Subject,
+    Unserved, SERVICE_NAMESPACE_LABEL, SERVICE_NAME_LABEL,
+};
+pub use request::{FamilyPolicy, Port, Protocol, Request, SharingNamespaces, SharingRule};
 pub use selector::{Selector, SelectorError};

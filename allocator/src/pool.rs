@@ -1,5 +1,8 @@
-//! Address pools: parsing and validating an `IPAddressPool` spec on its own.
-//! Overlaps between pools are the [`crate::Allocator`]'s business.
+//! Address pools: parsing and validating a pool spec on its own, of either
+//! kind: an `IPAddressPool` ([`Pool::parse`], docs/allocation.md §3) or a
+//! `CiliumLoadBalancerIPPool` ([`Pool::parse_cilium`], docs/cilium.md §2),
+//! into one [`Pool`] type. Overlaps between pools, and the one name space
+//! both kinds share, are the [`crate::Allocator`]'s business.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -11,6 +14,84 @@ use crate::addr::{from_int, to_int, Family, Usable};
 use crate::count::AddressCount;
 use crate::selector::{Selector, SelectorError};
 use crate::spec::{IPAddressPoolSpec, LabelSelectorSpec};
+use pool_types::cilium::{CiliumBlock, CiliumLoadBalancerIPPoolSpec};
+
+/// The pseudo-label a Cilium `serviceSelector` sees the Service's name in.
+pub const SERVICE_NAME_LABEL: &str = "io.kubernetes.service.name";
+/// The pseudo-label a Cilium `serviceSelector` sees the Service's namespace in.
+pub const SERVICE_NAMESPACE_LABEL: &str = "io.kubernetes.service.namespace";
+
+/// Which kind of object a pool comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PoolKind {
+    /// MetalLB's `IPAddressPool` (`metallb.io/v1beta1`).
+    IPAddressPool,
+    /// Cilium's `CiliumLoadBalancerIPPool` (`cilium.io/v2`, `v2alpha1`).
+    CiliumLoadBalancerIPPool,
+}
+
+impl PoolKind {
+    /// The other kind.
+    pub fn other(self) -> PoolKind {
+        match self {
+            PoolKind::IPAddressPool => PoolKind::CiliumLoadBalancerIPPool,
+            PoolKind::CiliumLoadBalancerIPPool => PoolKind::IPAddressPool,
+        }
+    }
+
+    /// 0 for `IPAddressPool`, 1 for Cilium's: an index into per-kind arrays.
+    pub(crate) fn index(self) -> usize {
+        match self {
+            PoolKind::IPAddressPool => 0,
+            PoolKind::CiliumLoadBalancerIPPool => 1,
+        }
+    }
+}
+
+impl fmt::Display for PoolKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PoolKind::IPAddressPool => "IPAddressPool",
+            PoolKind::CiliumLoadBalancerIPPool => "CiliumLoadBalancerIPPool",
+        })
+    }
+}
+
+/// How an overlap message names the other pool: "pool" among
+/// `IPAddressPool`s (the message MetalLB users know), the kind otherwise.
+fn pool_word(kind: &PoolKind) -> String {
+    match kind {
+        PoolKind::IPAddressPool => "pool".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// Two overlapping ranges, for Cilium's `cilium.io/PoolConflict` message
+/// (docs/cilium.md §2.7): a range of the rejected pool, and the range of
+/// the older pool it overlaps (or of its own, for a pool overlapping itself).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    pub range: AddrRange,
+    pub other_range: AddrRange,
+    /// The older, accepted pool; the pool itself when it overlaps itself.
+    pub other_pool: String,
+    pub other_kind: PoolKind,
+}
+
+impl Conflict {
+    /// Cilium's condition message, byte for byte:
+    /// `Pool conflicts since range '10.0.0.0 - 10.0.0.255' overlaps range '10.0.0.0 - 10.0.0.255' from IP Pool 'blue'`.
+    pub fn cilium_message(&self) -> String {
+        format!(
+            "Pool conflicts since range '{} - {}' overlaps range '{} - {}' from IP Pool '{}'",
+            self.range.first(),
+            self.range.last(),
+            self.other_range.first(),
+            self.other_range.last(),
+            self.other_pool
+        )
+    }
+}
 
 /// One entry of `spec.addresses`, as an inclusive range of one family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,6 +99,10 @@ pub struct AddrRange {
     pub family: Family,
     pub(crate) first: u128,
     pub(crate) last: u128,
+    /// The first and last addresses are reserved, never handed out (a
+    /// Cilium `cidr` block of more than 2 addresses with
+    /// `allowFirstLastIPs: No`).
+    pub(crate) reserve_ends: bool,
 }
 
 impl AddrRange {
@@ -33,6 +118,25 @@ impl AddrRange {
 
     pub(crate) fn contains(&self, family: Family, value: u128) -> bool {
         self.family == family && self.first <= value && value <= self.last
+    }
+
+    /// Whether `value` (of the range's family) is one of its reserved ends.
+    pub(crate) fn reserves(&self, value: u128) -> bool {
+        self.reserve_ends && (value == self.first || value == self.last)
+    }
+
+    /// Whether the first and last addresses are reserved.
+    pub fn reserves_ends(&self) -> bool {
+        self.reserve_ends
+    }
+
+    fn new(family: Family, first: u128, last: u128) -> Self {
+        AddrRange {
+            family,
+            first,
+            last,
+            reserve_ends: false,
+        }
     }
 }
 
@@ -61,11 +165,68 @@ pub enum PoolError {
     #[error("addresses {entry:?} overlap {other:?} in the same pool")]
     SelfOverlap { entry: String, other: String },
     /// An entry overlaps a pool accepted before this one.
-    #[error("addresses {entry:?} overlap {other_entry:?} of pool {other_pool:?}")]
+    #[error("addresses {entry:?} overlap {other_entry:?} of {} {other_pool:?}", pool_word(.other_kind))]
     Overlap {
         entry: String,
         other_pool: String,
+        other_kind: PoolKind,
         other_entry: String,
+    },
+    /// An older pool of the other kind has the same name: both kinds share
+    /// one name space (docs/allocation.md §3.3).
+    #[error("name {other_pool:?} is taken by the older {other_kind} {other_pool:?}")]
+    NameTaken {
+        other_pool: String,
+        other_kind: PoolKind,
+    },
+    /// A Cilium block's `cidr` that is not a prefix.
+    #[error("{field}[{index}]: cidr {cidr:?} is not a valid prefix")]
+    BadCidr {
+        field: &'static str,
+        index: usize,
+        cidr: String,
+    },
+    /// A Cilium block with neither `cidr` nor `start`.
+    #[error("{field}[{index}]: neither cidr nor start is set")]
+    NoStart { field: &'static str, index: usize },
+    /// A Cilium block's `start` or `stop` that is not an address.
+    #[error("{field}[{index}]: {which} {value:?} is not an IP address")]
+    BadBlockAddress {
+        field: &'static str,
+        index: usize,
+        which: &'static str,
+        value: String,
+    },
+    /// A Cilium block whose `start` is after its `stop`.
+    #[error("{field}[{index}]: range {range}: first address is after the last")]
+    BlockReversed {
+        field: &'static str,
+        index: usize,
+        range: String,
+    },
+    /// A Cilium block from one family to the other.
+    #[error("{field}[{index}]: range {range}: first and last are of different IP families")]
+    BlockMixed {
+        field: &'static str,
+        index: usize,
+        range: String,
+    },
+    /// Two blocks of one Cilium pool overlap.
+    #[error("{block} ({}) overlaps {other_block} ({}) in the same pool", ranges.0, ranges.1)]
+    BlockOverlap {
+        block: String,
+        other_block: String,
+        /// The later block's range, the earlier block's.
+        ranges: Box<(AddrRange, AddrRange)>,
+    },
+    /// `allowFirstLastIPs` other than "Yes" and "No".
+    #[error("allowFirstLastIPs {value:?} is neither \"Yes\" nor \"No\"")]
+    BadAllowFirstLast { value: String },
+    /// A malformed Cilium `serviceSelector`.
+    #[error("serviceSelector: {source}")]
+    BadServiceSelector {
+        #[source]
+        source: SelectorError,
     },
     /// A malformed selector.
     #[error("serviceAllocation.{field}[{index}]: {source}")]
@@ -99,6 +260,9 @@ pub struct ServiceAllocation {
 /// What a pool needs to know about a Service to decide whether it serves it.
 #[derive(Clone, Copy, Debug)]
 pub struct Subject<'a> {
+    /// The Service's name (`metadata.name`): Cilium's pseudo-label
+    /// `io.kubernetes.service.name`.
+    pub name: &'a str,
     pub namespace: &'a str,
     /// The Service's labels.
     pub labels: &'a BTreeMap<String, String>,
@@ -111,7 +275,9 @@ pub struct Subject<'a> {
 pub enum Unserved {
     /// Neither `namespaces` nor `namespaceSelectors` covers its Namespace.
     Namespace,
-    /// No `serviceSelectors` entry matches its labels.
+    /// No `serviceSelectors` entry matches its labels (MetalLB), or the
+    /// `serviceSelector` does not match its labels and pseudo-labels
+    /// (Cilium).
     ServiceSelector,
 }
 
@@ -139,16 +305,25 @@ impl ServiceAllocation {
     }
 }
 
-/// A validated pool.
+/// A validated pool of either kind (docs/cilium.md §2.6).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pool {
     pub name: String,
-    /// `spec.addresses` in order.
+    pub kind: PoolKind,
+    /// `spec.addresses` in order; for Cilium, the legacy `spec.cidrs` then
+    /// `spec.blocks`.
     pub ranges: Vec<AddrRange>,
+    /// Always true for Cilium pools.
     pub auto_assign: bool,
+    /// Always false for Cilium pools.
     pub avoid_buggy_ips: bool,
-    /// `Some` for a pinned pool.
+    /// `Some` for a pinned `IPAddressPool`.
     pub allocation: Option<ServiceAllocation>,
+    /// Cilium's `serviceSelector`: `Some` (even for `{}`) pins the pool.
+    pub selector: Option<Selector>,
+    /// Cilium's `spec.disabled`: the pool keeps its holders but gives no
+    /// new address.
+    pub disabled: bool,
 }
 
 impl Pool {
@@ -163,9 +338,10 @@ impl Pool {
             ranges.push((parse_entry(entry)?, entry));
         }
         if let Some((later, earlier)) = first_self_overlap(&ranges) {
+            let text = |i: usize| ranges.get(i).map(|(_, t)| t.trim().to_owned());
             return Err(PoolError::SelfOverlap {
-                entry: later.trim().to_owned(),
-                other: earlier.trim().to_owned(),
+                entry: text(later).unwrap_or_default(),
+                other: text(earlier).unwrap_or_default(),
             });
         }
         let allocation = spec
@@ -175,20 +351,101 @@ impl Pool {
             .transpose()?;
         Ok(Pool {
             name: name.to_owned(),
+            kind: PoolKind::IPAddressPool,
             ranges: ranges.into_iter().map(|(range, _)| range).collect(),
             auto_assign: spec.auto_assign.unwrap_or(true),
             avoid_buggy_ips: spec.avoid_buggy_ips.unwrap_or(false),
             allocation,
+            selector: None,
+            disabled: false,
         })
     }
 
-    /// Whether the pool may give addresses to `subject` (autoAssign aside).
+    /// Parses and validates a `CiliumLoadBalancerIPPool` spec on its own
+    /// (docs/cilium.md §2.2–2.5): blocks (legacy `cidrs` first), the
+    /// reserved ends of `allowFirstLastIPs: No`, `serviceSelector` and
+    /// `disabled`. A pool without blocks is valid and serves nothing.
+    pub fn parse_cilium(
+        name: &str,
+        spec: &CiliumLoadBalancerIPPoolSpec,
+    ) -> Result<Pool, PoolError> {
+        let mut blocks: Vec<(AddrRange, String)> =
+            Vec::with_capacity(spec.cidrs.len() + spec.blocks.len());
+        let listed = [("cidrs", &spec.cidrs), ("blocks", &spec.blocks)];
+        for (field, list) in listed {
+            for (index, block) in list.iter().enumerate() {
+                blocks.push((
+                    parse_block(field, index, block)?,
+                    format!("{field}[{index}]"),
+                ));
+            }
+        }
+        let shown: Vec<(AddrRange, &str)> = blocks.iter().map(|(r, n)| (*r, n.as_str())).collect();
+        if let Some((later, earlier)) = first_self_overlap(&shown) {
+            if let (Some((range, block)), Some((other_range, other_block))) =
+                (blocks.get(later), blocks.get(earlier))
+            {
+                return Err(PoolError::BlockOverlap {
+                    block: block.clone(),
+                    other_block: other_block.clone(),
+                    ranges: Box::new((*range, *other_range)),
+                });
+            }
+        }
+        let reserve = match spec.allow_first_last_ips.as_deref() {
+            None | Some("Yes") => false,
+            Some("No") => true,
+            Some(other) => {
+                return Err(PoolError::BadAllowFirstLast {
+                    value: other.to_owned(),
+                })
+            }
+        };
+        let selector = spec
+            .service_selector
+            .as_ref()
+            .map(Selector::parse)
+            .transpose()
+            .map_err(|source| PoolError::BadServiceSelector { source })?;
+        let ranges = blocks
+            .into_iter()
+            .map(|(mut range, _)| {
+                // Only `cidr` blocks carry the flag so far (parse_block);
+                // "more than two addresses" is decided here.
+                range.reserve_ends = reserve && range.reserve_ends && range.last - range.first >= 2;
+                range
+            })
+            .collect();
+        Ok(Pool {
+            name: name.to_owned(),
+            kind: PoolKind::CiliumLoadBalancerIPPool,
+            ranges,
+            auto_assign: true,
+            avoid_buggy_ips: false,
+            allocation: None,
+            selector,
+            disabled: spec.disabled,
+        })
+    }
+
+    /// Whether the pool may give addresses to `subject` (autoAssign and
+    /// `disabled` aside).
     pub fn serves(&self, subject: &Subject<'_>) -> bool {
         self.unserved(subject).is_none()
     }
 
     /// Why the pool may not give addresses to `subject`, if it may not.
     pub fn unserved(&self, subject: &Subject<'_>) -> Option<Unserved> {
+        if let Some(selector) = &self.selector {
+            // Cilium's extended labels: the pseudo-labels overwrite real
+            // labels of the same key (docs/cilium.md §2.4).
+            let matched = selector.matches_with(|key| match key {
+                SERVICE_NAME_LABEL => Some(subject.name),
+                SERVICE_NAMESPACE_LABEL => Some(subject.namespace),
+                _ => subject.labels.get(key).map(String::as_str),
+            });
+            return (!matched).then_some(Unserved::ServiceSelector);
+        }
         self.allocation
             .as_ref()
             .and_then(|allocation| allocation.unserved(subject))
@@ -202,14 +459,34 @@ impl Pool {
         }
     }
 
-    /// Whether `ip` lies in the pool and may be handed out.
+    /// Whether `ip` lies in the pool and may be handed out (not avoided,
+    /// not a reserved end).
     pub fn allows(&self, ip: IpAddr) -> bool {
         let (family, value) = to_int(ip);
         self.usable(family).is_usable(value)
-            && self.ranges.iter().any(|r| r.contains(family, value))
+            && self
+                .ranges
+                .iter()
+                .any(|r| r.contains(family, value) && !r.reserves(value))
     }
 
-    /// Usable addresses of `family` (after avoidBuggyIPs).
+    /// Whether `ip` is a reserved end of one of the pool's ranges.
+    pub fn reserves(&self, ip: IpAddr) -> bool {
+        let (family, value) = to_int(ip);
+        self.ranges
+            .iter()
+            .any(|r| r.contains(family, value) && r.reserves(value))
+    }
+
+    /// How many addresses of `family` are reserved ends.
+    pub fn reserved(&self, family: Family) -> u128 {
+        let ranges = self.ranges.iter();
+        let reserving = ranges.filter(|r| r.family == family && r.reserve_ends);
+        2 * reserving.count() as u128
+    }
+
+    /// Addresses of `family`: after avoidBuggyIPs, reserved ends included
+    /// (Cilium's `IPsTotal` counts them).
     pub fn total(&self, family: Family) -> AddressCount {
         let usable = self.usable(family);
         self.ranges
@@ -219,9 +496,10 @@ impl Pool {
             .fold(AddressCount::new(0), AddressCount::plus)
     }
 
-    /// Whether the pool is pinned (has `serviceAllocation`).
+    /// Whether the pool is pinned: `serviceAllocation` (MetalLB) or
+    /// `serviceSelector` (Cilium) present.
     pub fn is_pinned(&self) -> bool {
-        self.allocation.is_some()
+        self.allocation.is_some() || self.selector.is_some()
     }
 
     /// Sort key of pinned pools: priority 1 first, unset last.
@@ -233,10 +511,10 @@ impl Pool {
     }
 }
 
-/// Two entries of one pool that overlap, as (the later, the earlier in
-/// `spec.addresses` order): a sweep over the entries sorted by first address,
+/// Two entries of one pool that overlap, as indexes (the later, the earlier
+/// in spec order): a sweep over the entries sorted by first address,
 /// O(n log n), so a pool of many single addresses is no trap.
-fn first_self_overlap<'a>(ranges: &[(AddrRange, &'a str)]) -> Option<(&'a str, &'a str)> {
+fn first_self_overlap(ranges: &[(AddrRange, &str)]) -> Option<(usize, usize)> {
     let mut order: Vec<usize> = (0..ranges.len()).collect();
     order.sort_by_key(|&i| ranges.get(i).map(|(r, _)| (r.family, r.first)));
     // The entry reaching furthest so far in the current family.
@@ -261,8 +539,7 @@ fn first_self_overlap<'a>(ranges: &[(AddrRange, &'a str)]) -> Option<(&'a str, &
             None => reach = Some((range.family, range.last, i)),
         }
     }
-    let (later, earlier) = found?;
-    Some((ranges.get(later)?.1, ranges.get(earlier)?.1))
+    found
 }
 
 fn parse_ip(entry: &str, text: &str) -> Result<IpAddr, PoolError> {
@@ -291,11 +568,7 @@ pub fn parse_entry(entry: &str) -> Result<AddrRange, PoolError> {
         let net = net.trunc();
         let (family, first) = to_int(net.network());
         let (_, last) = to_int(net.broadcast());
-        return Ok(AddrRange {
-            family,
-            first,
-            last,
-        });
+        return Ok(AddrRange::new(family, first, last));
     }
     if let Some((low, high)) = trimmed.split_once('-') {
         let first_ip = parse_ip(trimmed, low.trim())?;
@@ -309,18 +582,73 @@ pub fn parse_entry(entry: &str) -> Result<AddrRange, PoolError> {
         if first > last {
             return Err(PoolError::Reversed { entry: shown });
         }
-        return Ok(AddrRange {
-            family,
-            first,
-            last,
-        });
+        return Ok(AddrRange::new(family, first, last));
     }
     let (family, value) = to_int(parse_ip(trimmed, trimmed)?);
-    Ok(AddrRange {
-        family,
-        first: value,
-        last: value,
-    })
+    Ok(AddrRange::new(family, value, value))
+}
+
+/// Parses one Cilium block (docs/cilium.md §2.2): a non-empty `cidr` (masked;
+/// `start`/`stop` then ignored), else `start` with `stop` (empty: the single
+/// address `start`). A `cidr` block comes back with `reserve_ends` set, for
+/// `allowFirstLastIPs` to keep or clear.
+fn parse_block(
+    field: &'static str,
+    index: usize,
+    block: &CiliumBlock,
+) -> Result<AddrRange, PoolError> {
+    fn text(value: &Option<String>) -> Option<&str> {
+        value.as_deref().filter(|v| !v.is_empty())
+    }
+    if let Some(cidr) = text(&block.cidr) {
+        let net: IpNet = cidr.parse().map_err(|_| PoolError::BadCidr {
+            field,
+            index,
+            cidr: cidr.to_owned(),
+        })?;
+        let net = net.trunc();
+        let (family, first) = to_int(net.network());
+        let (_, last) = to_int(net.broadcast());
+        let mut range = AddrRange::new(family, first, last);
+        range.reserve_ends = true;
+        return Ok(range);
+    }
+    let Some(start) = text(&block.start) else {
+        return Err(PoolError::NoStart { field, index });
+    };
+    let address = |which: &'static str, value: &str| {
+        value
+            .parse::<IpAddr>()
+            .map_err(|_| PoolError::BadBlockAddress {
+                field,
+                index,
+                which,
+                value: value.to_owned(),
+            })
+    };
+    let first_ip = address("start", start)?;
+    let last_ip = match text(&block.stop) {
+        Some(stop) => address("stop", stop)?,
+        None => first_ip,
+    };
+    let (family, first) = to_int(first_ip);
+    let (last_family, last) = to_int(last_ip);
+    let range = format!("{first_ip}-{last_ip}");
+    if family != last_family {
+        return Err(PoolError::BlockMixed {
+            field,
+            index,
+            range,
+        });
+    }
+    if first > last {
+        return Err(PoolError::BlockReversed {
+            field,
+            index,
+            range,
+        });
+    }
+    Ok(AddrRange::new(family, first, last))
 }
 
 fn parse_selectors(
@@ -520,6 +848,7 @@ mod tests {
         let app: BTreeMap<String, String> = [("app".to_string(), "x".to_string())].into();
         let staging: BTreeMap<String, String> = [("env".to_string(), "staging".to_string())].into();
         let subject = |namespace, labels, namespace_labels| Subject {
+            name: "s",
             namespace,
             labels,
             namespace_labels,

@@ -89,6 +89,52 @@ impl fmt::Display for Port {
     }
 }
 
+/// Whose sharing rule a Service's sharing key follows (docs/cilium.md §4.2):
+/// keys of the two rules never share an address, even when the strings are
+/// equal.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SharingRule {
+    /// `metallb.io/allow-shared-ip` (docs/allocation.md §4.4).
+    #[default]
+    MetalLb,
+    /// `lbipam.cilium.io/sharing-key` (docs/cilium.md §3.4): prefers
+    /// joining an address its key already holds over a free one.
+    Cilium,
+}
+
+impl SharingRule {
+    /// The tag that keeps the two rules' groups apart.
+    pub(crate) fn tag(self) -> char {
+        match self {
+            SharingRule::MetalLb => 'm',
+            SharingRule::Cilium => 'c',
+        }
+    }
+}
+
+/// Which other namespaces a Service lets share its address
+/// (`lbipam.cilium.io/sharing-cross-namespace`, docs/cilium.md §3.4). Two
+/// Services share only if they are in one namespace, or each one admits
+/// the other's namespace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SharingNamespaces<'a> {
+    /// Any namespace: MetalLB's default.
+    #[default]
+    Any,
+    /// These namespaces besides its own; `*` admits any.
+    Listed(&'a [String]),
+}
+
+impl SharingNamespaces<'_> {
+    /// Whether a Service in `namespace` is admitted.
+    pub fn admits(&self, namespace: &str) -> bool {
+        match self {
+            SharingNamespaces::Any => true,
+            SharingNamespaces::Listed(list) => list.iter().any(|n| n == "*" || n == namespace),
+        }
+    }
+}
+
 /// Everything the allocator needs to know about one Service.
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {
@@ -97,8 +143,12 @@ pub struct Request<'a> {
     /// For the pools' serviceAllocation rules.
     pub subject: Subject<'a>,
     pub families: FamilyPolicy,
-    /// `allow-shared-ip`; empty: no sharing.
+    /// `allow-shared-ip` or Cilium's `sharing-key`; empty: no sharing.
     pub sharing_key: &'a str,
+    /// Which rule `sharing_key` follows.
+    pub sharing_rule: SharingRule,
+    /// Which other namespaces may share its address.
+    pub sharing_namespaces: SharingNamespaces<'a>,
     /// Empty for `externalTrafficPolicy: Cluster`, the pod selector for
     /// `Local`.
     pub backend_key: &'a str,

@@ -85,16 +85,20 @@ impl Selector {
 
     /// Whether `labels` satisfy every requirement.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.matches_with(|key| labels.get(key).map(String::as_str))
+    }
+
+    /// Whether the labels `label` looks up satisfy every requirement: for
+    /// label sets that are not one map (Cilium's pseudo-labels).
+    pub fn matches_with<'l>(&self, label: impl Fn(&str) -> Option<&'l str>) -> bool {
         self.requirements
             .iter()
             .all(|requirement| match requirement {
-                Requirement::Equals(key, value) => labels.get(key) == Some(value),
-                Requirement::In(key, values) => labels.get(key).is_some_and(|v| values.contains(v)),
-                Requirement::NotIn(key, values) => {
-                    labels.get(key).is_none_or(|v| !values.contains(v))
-                }
-                Requirement::Exists(key) => labels.contains_key(key),
-                Requirement::DoesNotExist(key) => !labels.contains_key(key),
+                Requirement::Equals(key, value) => label(key) == Some(value.as_str()),
+                Requirement::In(key, values) => label(key).is_some_and(|v| values.contains(v)),
+                Requirement::NotIn(key, values) => label(key).is_none_or(|v| !values.contains(v)),
+                Requirement::Exists(key) => label(key).is_some(),
+                Requirement::DoesNotExist(key) => label(key).is_none(),
             })
     }
 }

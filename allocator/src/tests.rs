@@ -34,6 +34,9 @@ struct Svc {
     labels: BTreeMap<String, String>,
     families: FamilyPolicy,
     sharing: String,
+    rule: SharingRule,
+    /// Cilium's cross-namespace list; `None`: any.
+    admits: Option<Vec<String>>,
     backend: String,
     ports: Vec<Port>,
     pool: Option<String>,
@@ -47,6 +50,8 @@ fn svc(key: &str) -> Svc {
         labels: BTreeMap::new(),
         families: FamilyPolicy::Single(Family::V4),
         sharing: String::new(),
+        rule: SharingRule::MetalLb,
+        admits: None,
         backend: String::new(),
         ports: vec![tcp(80)],
         pool: None,
@@ -66,12 +71,18 @@ impl Svc {
         Request {
             key: &self.key,
             subject: Subject {
+                name: self.key.split('/').nth(1).unwrap_or(&self.key),
                 namespace: &self.namespace,
                 labels: &self.labels,
                 namespace_labels: &NO_LABELS,
             },
             families: self.families,
             sharing_key: &self.sharing,
+            sharing_rule: self.rule,
+            sharing_namespaces: match &self.admits {
+                Some(list) => SharingNamespaces::Listed(list),
+                None => SharingNamespaces::Any,
+            },
             backend_key: &self.backend,
             ports: &self.ports,
             pool: self.pool.as_deref(),
@@ -154,7 +165,8 @@ fn slash_32_and_slash_128_pools_then_exhaustion_and_release() {
         a.pool_stats()[0].ipv4,
         FamilyStats {
             total: AddressCount::new(1),
-            assigned: 1
+            assigned: 1,
+            reserved: 0
         }
     );
 }
@@ -214,14 +226,16 @@ fn ipv6_slash_64_in_order_with_exact_counters() {
         stats.ipv6,
         FamilyStats {
             total: AddressCount::new(1 << 64),
-            assigned: 3
+            assigned: 3,
+            reserved: 0
         }
     );
     assert_eq!(
         stats.ipv4,
         FamilyStats {
             total: AddressCount::new(0),
-            assigned: 0
+            assigned: 0,
+            reserved: 0
         }
     );
 }
@@ -551,9 +565,16 @@ fn overlapping_pools_the_older_stays_and_deleting_it_brings_the_newer_in() {
         a.rejected_pools(),
         [RejectedPool {
             name: "new".into(),
+            kind: PoolKind::IPAddressPool,
             reason:
                 "addresses \"10.0.0.128-10.0.1.10\" overlap \"10.0.0.0-10.0.0.255\" of pool \"old\""
-                    .into()
+                    .into(),
+            conflict: Some(Conflict {
+                range: parse_entry("10.0.0.128-10.0.1.10").unwrap(),
+                other_range: parse_entry("10.0.0.0/24").unwrap(),
+                other_pool: "old".into(),
+                other_kind: PoolKind::IPAddressPool,
+            }),
         }]
     );
     assert_eq!(a.pool_stats().len(), 1);
@@ -615,7 +636,8 @@ fn pool_shrink_and_avoid_buggy_change_release_holders() {
         a.pool_stats()[0].ipv4,
         FamilyStats {
             total: AddressCount::new(254),
-            assigned: 1
+            assigned: 1,
+            reserved: 0
         }
     );
 }

@@ -56,7 +56,10 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use allocator::spec::IPAddressPoolSpec;
-use allocator::{Allocator, Family, FamilyPolicy, Port, Protocol, Request, Subject};
+use allocator::{
+    Allocator, Family, FamilyPolicy, Port, Protocol, Request, SharingNamespaces, SharingRule,
+    Subject,
+};
 use fake_watcher::{
     decode_event, replay_blocking, replay_pipelined, Kind, ObjectRef, Plugin, ReplayOptions,
     StreamReader, WatchEvent,
@@ -483,6 +486,7 @@ impl Requests {
             .map(|(i, key)| Request {
                 key,
                 subject: Subject {
+                    name: key.rsplit('/').next().unwrap_or(key),
                     namespace: self
                         .namespaces
                         .get(i % NAMESPACES)
@@ -492,6 +496,8 @@ impl Requests {
                 },
                 families: FamilyPolicy::Single(self.family),
                 sharing_key: self.sharing.get(i).map_or("", String::as_str),
+                sharing_rule: SharingRule::MetalLb,
+                sharing_namespaces: SharingNamespaces::Any,
                 backend_key: "",
                 ports: self
                     .ports

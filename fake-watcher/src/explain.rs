@@ -380,6 +380,12 @@ fn pool_document(pool: &allocator::PoolVerdict, namespace: &str) -> PoolDocument
                 None,
                 "skipped: its serviceSelectors do not match the Service's labels".to_owned(),
             ),
+            Verdict::Disabled => (
+                "disabled",
+                none,
+                None,
+                "skipped: the pool is disabled (spec.disabled)".to_owned(),
+            ),
             Verdict::AutoAssignOff => (
                 "auto-assign-off",
                 none,

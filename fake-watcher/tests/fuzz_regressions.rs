@@ -165,19 +165,25 @@ fn a_refusal_on_a_shared_address_names_the_same_holder_every_time() {
 #[test]
 fn completing_a_dual_stack_service_checks_its_held_address() {
     use allocator::spec::IPAddressPoolSpec;
-    use allocator::{Allocator, Family, FamilyPolicy, Port, Protocol, Request, Subject};
+    use allocator::{
+        Allocator, Family, FamilyPolicy, Port, Protocol, Request, SharingNamespaces, SharingRule,
+        Subject,
+    };
 
     let labels = std::collections::BTreeMap::new();
     let request =
         |key: &'static str, sharing: &'static str, ports: &'static [Port], families| Request {
             key,
             subject: Subject {
+                name: key,
                 namespace: "ns",
                 labels: &labels,
                 namespace_labels: &labels,
             },
             families,
             sharing_key: sharing,
+            sharing_rule: SharingRule::MetalLb,
+            sharing_namespaces: SharingNamespaces::Any,
             backend_key: "",
             ports,
             pool: None,

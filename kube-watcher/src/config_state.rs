@@ -248,11 +248,15 @@ mod tests {
         let rejected = [
             allocator::RejectedPool {
                 name: "a".to_owned(),
+                kind: allocator::PoolKind::IPAddressPool,
                 reason: "spec.addresses is empty".to_owned(),
+                conflict: None,
             },
             allocator::RejectedPool {
                 name: "b".to_owned(),
+                kind: allocator::PoolKind::IPAddressPool,
                 reason: "bad".to_owned(),
+                conflict: None,
             },
         ];
         let verdict = Verdict::of(&rejected);

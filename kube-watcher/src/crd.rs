@@ -178,13 +178,16 @@ mod tests {
     fn status_saturates_and_never_goes_negative() {
         let stats = PoolStats {
             name: "p".to_owned(),
+            kind: allocator::PoolKind::IPAddressPool,
             ipv4: FamilyStats {
                 total: AddressCount::new(256),
                 assigned: 300,
+                reserved: 0,
             },
             ipv6: FamilyStats {
                 total: AddressCount::ALL_IPV6,
                 assigned: 2,
+                reserved: 0,
             },
         };
         let status = IPAddressPoolStatus::from_stats(&stats);

@@ -10,7 +10,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use allocator::spec::{
     IPAddressPoolSpec, LabelSelectorRequirementSpec, LabelSelectorSpec, ServiceAllocationSpec,
 };
-use allocator::{Allocator, Family, FamilyPolicy, Pool, Port, Protocol, Request, Subject};
+use allocator::{
+    Allocator, Family, FamilyPolicy, Pool, Port, Protocol, Request, SharingNamespaces, SharingRule,
+    Subject,
+};
 use fake_watcher::{
     decode_event, parse_legacy_config, replay_blocking, Object, ReplayOptions, StreamReader,
     WatchEvent,
@@ -186,12 +189,15 @@ pub(crate) fn pool_spec(data: &[u8]) {
             let request = Request {
                 key: &key,
                 subject: Subject {
+                    name: &key,
                     namespace: "ns",
                     labels: &empty,
                     namespace_labels: &empty,
                 },
                 families,
                 sharing_key: "",
+                sharing_rule: SharingRule::MetalLb,
+                sharing_namespaces: SharingNamespaces::Any,
                 backend_key: "",
                 ports: &ports,
                 pool: None,
@@ -451,12 +457,15 @@ impl Svc {
         Request {
             key: self.key,
             subject: Subject {
+                name: self.key.rsplit('/').next().unwrap_or(self.key),
                 namespace: &self.namespace,
                 labels: &self.labels,
                 namespace_labels: &self.namespace_labels,
             },
             families: self.families,
             sharing_key: self.sharing,
+            sharing_rule: SharingRule::MetalLb,
+            sharing_namespaces: SharingNamespaces::Any,
             backend_key: self.backend,
             ports: &self.ports,
             pool: self.pool,
