@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use manager::{ClientError, DashMapStore, ServiceCondition, ServiceWrite, POOL_ANNOTATION};
+use manager::{ClientError, DashMapStore, ServiceWrite, POOL_ANNOTATION};
 use subscriber::IPAddressPool;
 
 use crate::stream::{service_key_of, Kind, Object, ObjectRef, WatchEvent, DEFAULT_NAMESPACE};
@@ -245,10 +245,11 @@ impl ReplayStore {
             .and_then(|status| status.conditions.as_deref())
             .unwrap_or_default();
         let mut conditions = current_conditions.to_vec();
-        // Ours merged on its type, the others kept (as a strategic merge
-        // patch does); the store's clock is the time of a transition.
+        // Ours (and Cilium's, docs/cilium.md §3.6) merged on their type,
+        // the others kept (as a strategic merge patch does); the store's
+        // clock is the time of a transition.
         let now = Time(state.clock);
-        ServiceCondition::merge_into(write.condition.as_ref(), &mut conditions, &now);
+        write.merge_conditions(&mut conditions, &now);
         if current_ingress == ingress.as_slice()
             && current_pool == write.pool.as_ref()
             && current_conditions == conditions.as_slice()
