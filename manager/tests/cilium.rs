@@ -1,0 +1,931 @@
+//! Cilium's Service annotations and condition (docs/cilium.md §3, §4.2,
+//! §4.3), through the Manager and the AllocatingController, against an
+//! in-memory client that writes into the shared cache and echoes every
+//! write back as a watch would (the harness of tests/controller.rs, cut
+//! down to what these tests use).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use manager::{
+    AllocatingController, CiliumCondition, Client, ClientError, Controller, ControllerConfig,
+    DashMapStore, Event, EventType, Manager, ManagerConfig, ServiceWrite, SharingAcrossNamespaces,
+    CILIUM_CONDITION_TYPE, POOL_ANNOTATION,
+};
+use serde_json::{json, Value};
+use subscriber::{CiliumLoadBalancerIPPool, Handler, IPAddressPool};
+use tokio_util::sync::CancellationToken;
+
+// ----- the recording client -----
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Record {
+    Write {
+        key: String,
+        ingress: Vec<String>,
+    },
+    Event {
+        key: String,
+        event_type: EventType,
+        reason: String,
+        message: String,
+    },
+}
+
+/// Applies writes (both conditions merged as a host does) to the shared
+/// cache, echoes them to the manager, and records writes and events.
+struct RecordingClient {
+    store: Arc<DashMapStore>,
+    manager: Mutex<Option<Manager<AllocatingController>>>,
+    log: Mutex<Vec<Record>>,
+}
+
+impl RecordingClient {
+    fn record(&self, record: Record) {
+        self.log.lock().unwrap().push(record);
+    }
+}
+
+#[async_trait]
+impl Client for RecordingClient {
+    async fn write_service(&self, key: &str, write: &ServiceWrite) -> Result<(), ClientError> {
+        let old = self
+            .store
+            .services
+            .get(key)
+            .map(|entry| Arc::clone(entry.value()))
+            .ok_or_else(|| ClientError::NotFound { key: key.into() })?;
+        let mut new = (*old).clone();
+        let ingress: Vec<LoadBalancerIngress> = write
+            .ingress
+            .iter()
+            .map(|ip| LoadBalancerIngress {
+                ip: Some(ip.to_string()),
+                ..Default::default()
+            })
+            .collect();
+        let status = new.status.get_or_insert_with(Default::default);
+        status.load_balancer = Some(LoadBalancerStatus {
+            ingress: (!ingress.is_empty()).then_some(ingress),
+        });
+        let mut conditions = status.conditions.take().unwrap_or_default();
+        write.merge_conditions(
+            &mut conditions,
+            &Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        );
+        status.conditions = (!conditions.is_empty()).then_some(conditions);
+        let annotations = new.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        match &write.pool {
+            Some(pool) => annotations.insert(POOL_ANNOTATION.into(), pool.clone()),
+            None => annotations.remove(POOL_ANNOTATION),
+        };
+        self.store
+            .services
+            .insert(key.into(), Arc::new(new.clone()));
+        self.record(Record::Write {
+            key: key.into(),
+            ingress: write.ingress.iter().map(IpAddr::to_string).collect(),
+        });
+        let manager = self.manager.lock().unwrap().clone();
+        if let Some(manager) = manager {
+            manager.on_update(&*old, &new).await.unwrap();
+        }
+        Ok(())
+    }
+
+    async fn emit_event(&self, key: &str, event: &Event) -> Result<(), ClientError> {
+        self.record(Record::Event {
+            key: key.into(),
+            event_type: event.event_type,
+            reason: event.reason.clone(),
+            message: event.message.clone(),
+        });
+        Ok(())
+    }
+}
+
+// ----- objects -----
+
+/// A Service under construction, as the JSON a cluster returns.
+#[derive(Clone, Debug)]
+struct Svc(Value);
+
+/// A `type: LoadBalancer`, single-stack IPv4 Service `namespace/name` with
+/// port 80/TCP, externalTrafficPolicy Cluster and selector `app: name`.
+fn svc(key: &str) -> Svc {
+    let (namespace, name) = key.split_once('/').expect("namespace/name");
+    Svc(json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"namespace": namespace, "name": name, "generation": 1},
+        "spec": {
+            "type": "LoadBalancer",
+            "clusterIP": "10.96.0.10",
+            "clusterIPs": ["10.96.0.10"],
+            "ipFamilies": ["IPv4"],
+            "ipFamilyPolicy": "SingleStack",
+            "ports": [{"name": "tcp-80", "port": 80, "protocol": "TCP"}],
+            "selector": {"app": name},
+            "externalTrafficPolicy": "Cluster",
+        },
+    }))
+}
+
+impl Svc {
+    fn key(&self) -> String {
+        let meta = &self.0["metadata"];
+        format!(
+            "{}/{}",
+            meta["namespace"].as_str().unwrap(),
+            meta["name"].as_str().unwrap()
+        )
+    }
+
+    fn set(mut self, path: &[&str], value: Value) -> Self {
+        let mut at = &mut self.0;
+        for part in path {
+            at = &mut at[*part];
+        }
+        *at = value;
+        self
+    }
+
+    fn ann(self, key: &str, value: &str) -> Self {
+        self.set(&["metadata", "annotations", key], json!(value))
+    }
+
+    fn label(self, key: &str, value: &str) -> Self {
+        self.set(&["metadata", "labels", key], json!(value))
+    }
+
+    /// `lbipam.cilium.io/ips`.
+    fn cilium_ips(self, ips: &str) -> Self {
+        self.ann("lbipam.cilium.io/ips", ips)
+    }
+
+    /// `lbipam.cilium.io/sharing-key`.
+    fn cilium_key(self, key: &str) -> Self {
+        self.ann("lbipam.cilium.io/sharing-key", key)
+    }
+
+    /// `lbipam.cilium.io/sharing-cross-namespace`.
+    fn cross(self, namespaces: &str) -> Self {
+        self.ann("lbipam.cilium.io/sharing-cross-namespace", namespaces)
+    }
+
+    fn port(self, port: i32) -> Self {
+        self.set(
+            &["spec", "ports"],
+            json!([{"name": "p", "port": port, "protocol": "TCP"}]),
+        )
+    }
+
+    fn kind(self, type_: &str) -> Self {
+        self.set(&["spec", "type"], json!(type_))
+    }
+
+    fn build(&self) -> Service {
+        serde_json::from_value(self.0.clone()).unwrap()
+    }
+}
+
+/// An `IPAddressPool` spec with these addresses.
+fn addrs(addresses: &[&str]) -> Value {
+    json!({ "addresses": addresses })
+}
+
+/// A `CiliumLoadBalancerIPPool` spec with these CIDR blocks.
+fn blocks(cidrs: &[&str]) -> Value {
+    let blocks: Vec<Value> = cidrs.iter().map(|c| json!({ "cidr": c })).collect();
+    json!({ "blocks": blocks })
+}
+
+// ----- the harness -----
+
+struct Harness {
+    store: Arc<DashMapStore>,
+    client: Arc<RecordingClient>,
+    controller: Arc<AllocatingController>,
+    manager: Manager<AllocatingController>,
+    cancel: CancellationToken,
+    read: AtomicUsize,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        if let Ok(mut manager) = self.client.manager.lock() {
+            manager.take();
+        }
+    }
+}
+
+impl Harness {
+    /// A synced harness with this configuration and no pools.
+    async fn with(config: ControllerConfig) -> Self {
+        let store = Arc::new(DashMapStore::default());
+        let client = Arc::new(RecordingClient {
+            store: Arc::clone(&store),
+            manager: Mutex::new(None),
+            log: Mutex::new(Vec::new()),
+        });
+        let controller = Arc::new(AllocatingController::new(
+            store.clone(),
+            client.clone(),
+            config,
+        ));
+        let manager = Manager::new(
+            store.clone(),
+            Arc::clone(&controller),
+            ManagerConfig::default().retry_base(Duration::from_millis(1)),
+        );
+        *client.manager.lock().unwrap() = Some(manager.clone());
+        let cancel = CancellationToken::new();
+        drop(manager.start(cancel.clone()));
+        let h = Self {
+            store,
+            client,
+            controller,
+            manager,
+            cancel,
+            read: AtomicUsize::new(0),
+        };
+        h.manager.mark_synced();
+        h.settle().await;
+        h
+    }
+
+    async fn new() -> Self {
+        Self::with(ControllerConfig::default()).await
+    }
+
+    async fn settle(&self) {
+        tokio::time::timeout(Duration::from_secs(600), self.manager.idle())
+            .await
+            .expect("the manager never became idle");
+        if let Err(problems) = self.controller.check_invariants() {
+            panic!("invariants violated: {problems:#?}");
+        }
+    }
+
+    fn service(&self, key: &str) -> Arc<Service> {
+        self.store
+            .services
+            .get(key)
+            .map(|entry| Arc::clone(entry.value()))
+            .expect("no such service")
+    }
+
+    /// Adds the Service, or updates it if the key exists.
+    async fn add(&self, svc: Svc) {
+        let service = svc.build();
+        let old = self
+            .store
+            .services
+            .insert(svc.key(), Arc::new(service.clone()));
+        match old {
+            Some(old) => self.manager.on_update(&*old, &service).await,
+            None => self.manager.on_add(&service).await,
+        }
+        .unwrap();
+        self.settle().await;
+    }
+
+    /// Updates the Service as a user would: `f` edits the stored object.
+    async fn edit(&self, key: &str, f: impl FnOnce(Svc) -> Svc) {
+        let current = self.service(key);
+        let svc = f(Svc(serde_json::to_value(&*current).unwrap()));
+        self.add(svc).await;
+    }
+
+    /// Adds or updates the `IPAddressPool` `name`.
+    async fn pool(&self, name: &str, spec: Value) {
+        let pool: IPAddressPool = serde_json::from_value(json!({
+            "apiVersion": "metallb.io/v1beta1",
+            "kind": "IPAddressPool",
+            "metadata": {"name": name, "namespace": "metallb-system",
+                         "creationTimestamp": "2024-01-01T00:00:00Z"},
+            "spec": spec,
+        }))
+        .unwrap();
+        let old = self.store.pools.insert(name.into(), Arc::new(pool.clone()));
+        match old {
+            Some(old) => self.manager.on_update(&*old, &pool).await,
+            None => self.manager.on_add(&pool).await,
+        }
+        .unwrap();
+        self.settle().await;
+    }
+
+    /// Adds or updates the `CiliumLoadBalancerIPPool` `name`.
+    async fn cilium_pool(&self, name: &str, spec: Value) {
+        let pool: CiliumLoadBalancerIPPool = serde_json::from_value(json!({
+            "apiVersion": "cilium.io/v2",
+            "kind": "CiliumLoadBalancerIPPool",
+            "metadata": {"name": name, "creationTimestamp": "2024-01-01T00:00:00Z"},
+            "spec": spec,
+        }))
+        .unwrap();
+        self.controller.set_cilium_pool(name, Some(&pool)).await;
+        self.nudge().await;
+    }
+
+    async fn delete_cilium_pool(&self, name: &str) {
+        self.controller.set_cilium_pool(name, None).await;
+        self.nudge().await;
+    }
+
+    /// TEMPORARY until the manager handles Cilium pools: the event of a
+    /// pool that is not there makes the manager reconsider every Service.
+    async fn nudge(&self) {
+        let pool: IPAddressPool = serde_json::from_value(json!({
+            "apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+            "metadata": {"name": "zz-nudge", "namespace": "metallb-system"},
+            "spec": {"addresses": []},
+        }))
+        .unwrap();
+        self.manager.on_delete(&pool).await.unwrap();
+        self.settle().await;
+    }
+
+    /// The records since the last call.
+    fn take(&self) -> Vec<Record> {
+        let log = self.client.log.lock().unwrap();
+        let from = self.read.swap(log.len(), Ordering::SeqCst);
+        log[from..].to_vec()
+    }
+
+    /// The status addresses, space-separated (`""`: none).
+    fn ips(&self, key: &str) -> String {
+        let service = self.service(key);
+        let ips: Vec<String> = service
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
+            .unwrap_or_default();
+        ips.join(" ")
+    }
+
+    /// Cilium's condition as `"Status reason: message"`, or `"none"`.
+    fn cilium(&self, key: &str) -> String {
+        match CiliumCondition::shown(&self.service(key)) {
+            Some(c) => format!("{} {}: {}", c.status(), c.reason, c.message),
+            None => "none".to_owned(),
+        }
+    }
+}
+
+/// `"key Reason: message"` of every Warning event.
+fn warnings(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Event {
+                key,
+                event_type: EventType::Warning,
+                reason,
+                message,
+            } => Some(format!("{key} {reason}: {message}")),
+            _ => None,
+        })
+        .collect()
+}
+
+fn writes(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Write { key, ingress } => Some(format!("{key} <- {}", ingress.join(" "))),
+            Record::Event { .. } => None,
+        })
+        .collect()
+}
+
+/// Cilium's `no_pool` message for a family.
+const NO_POOL: &str =
+    "False no_pool: There are no enabled CiliumLoadBalancerIPPools that match this service";
+const SATISFIED: &str = "True satisfied: ";
+
+// ----- docs/cilium.md §3.2, §3.3: the annotations -----
+
+mod annotations {
+    use super::*;
+
+    #[tokio::test]
+    async fn cilium_ips_request_addresses_with_spec_load_balancer_ip() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24", "fd00:10::/120"]))
+            .await;
+        h.add(svc("ns/a").cilium_ips("10.0.10.21")).await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.21");
+        // The alias, and spec.loadBalancerIP joined with it (the same
+        // address twice is one), dual-stack.
+        h.add(
+            svc("ns/b")
+                .ann("io.cilium/lb-ipam-ips", "10.0.10.22,fd00:10::22")
+                .set(&["spec", "loadBalancerIP"], json!("10.0.10.22"))
+                .set(&["spec", "clusterIPs"], json!(["10.96.0.11", "fd96::11"]))
+                .set(&["spec", "ipFamilyPolicy"], json!("RequireDualStack")),
+        )
+        .await;
+        assert_eq!(h.ips("ns/b"), "10.0.10.22 fd00:10::22");
+        assert_eq!(h.cilium("ns/b"), SATISFIED);
+    }
+
+    #[tokio::test]
+    async fn an_empty_name_hides_the_alias() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.add(
+            svc("ns/a")
+                .cilium_ips("")
+                .ann("io.cilium/lb-ipam-ips", "10.0.10.50"),
+        )
+        .await;
+        // No address requested: the lowest free one.
+        assert_eq!(h.ips("ns/a"), "10.0.10.0");
+    }
+
+    #[tokio::test]
+    async fn unreadable_parts_are_skipped_with_a_warning() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.take();
+        h.add(svc("ns/a").cilium_ips("10.0.0.300, 10.0.10.7")).await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.7");
+        assert_eq!(
+            warnings(&h.take()),
+            [
+                r#"ns/a InvalidAnnotationValue: annotation "lbipam.cilium.io/ips": "10.0.0.300" is not an IP address; ignored"#
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn two_addresses_of_a_family_are_beyond_this_allocator() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.take();
+        h.add(svc("ns/a").cilium_ips("10.0.10.1,10.0.10.2")).await;
+        assert_eq!(h.ips("ns/a"), "");
+        assert_eq!(
+            warnings(&h.take()),
+            [
+                "ns/a LoadBalancerFailed: invalid request: lbipam.cilium.io/ips requests 2 IPv4 \
+              addresses; this allocator holds one address per family"
+            ]
+        );
+        assert_eq!(h.cilium("ns/a"), NO_POOL);
+    }
+}
+
+// ----- docs/cilium.md §4.2: which annotations win -----
+
+mod precedence {
+    use super::*;
+
+    #[tokio::test]
+    async fn metallb_addresses_win_with_a_warning() {
+        let h = Harness::new().await;
+        h.pool("m", addrs(&["10.0.0.0/24"])).await;
+        h.take();
+        h.add(
+            svc("ns/a")
+                .ann("metallb.io/loadBalancerIPs", "10.0.0.5")
+                .cilium_ips("10.0.0.6"),
+        )
+        .await;
+        assert_eq!(h.ips("ns/a"), "10.0.0.5");
+        assert_eq!(
+            warnings(&h.take()),
+            [
+                r#"ns/a IgnoredAnnotation: annotation "lbipam.cilium.io/ips" is ignored: "metallb.io/loadBalancerIPs" is set"#
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn metallb_sharing_key_wins_with_a_warning() {
+        let h = Harness::new().await;
+        h.pool("m", addrs(&["10.0.0.0/24"])).await;
+        h.add(svc("ns/a").ann("metallb.io/allow-shared-ip", "k").port(80))
+            .await;
+        h.take();
+        // b's Cilium key is ignored: it shares a's address by the MetalLB
+        // key, and the Cilium key alone would not share with a.
+        h.add(
+            svc("ns/b")
+                .ann("metallb.io/allow-shared-ip", "k")
+                .cilium_key("other")
+                .port(81),
+        )
+        .await;
+        assert_eq!(h.ips("ns/b"), h.ips("ns/a"));
+        assert_eq!(
+            warnings(&h.take()),
+            [
+                r#"ns/b IgnoredAnnotation: annotation "lbipam.cilium.io/sharing-key" is ignored: "metallb.io/allow-shared-ip" is set"#
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn keys_of_the_two_kinds_never_share() {
+        let h = Harness::new().await;
+        h.pool("m", addrs(&["10.0.0.0/24"])).await;
+        h.add(svc("ns/a").ann("metallb.io/allow-shared-ip", "k").port(80))
+            .await;
+        h.add(svc("ns/b").cilium_key("k").port(81)).await;
+        assert_eq!(h.ips("ns/a"), "10.0.0.0");
+        assert_eq!(h.ips("ns/b"), "10.0.0.1");
+    }
+}
+
+// ----- docs/cilium.md §3.4: sharing across namespaces -----
+
+mod cross_namespace {
+    use super::*;
+
+    /// cilium/cilium lbipam_test.go TestSharingCrossNamespace.
+    #[tokio::test]
+    async fn cilium_keys_share_when_both_allow_the_other() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.add(svc("ns-a/s").cilium_key("k").cross("ns-b").port(80))
+            .await;
+        h.add(svc("ns-b/s").cilium_key("k").cross("*").port(81))
+            .await;
+        h.add(svc("ns-c/s").cilium_key("k").port(82)).await;
+        assert_eq!(h.ips("ns-a/s"), "10.0.10.0");
+        assert_eq!(h.ips("ns-b/s"), "10.0.10.0");
+        assert_eq!(h.ips("ns-c/s"), "10.0.10.1");
+        // Entries are trimmed (Cilium v1.21).
+        h.add(svc("ns-d/s").cilium_key("k").cross(" ns-e , x").port(83))
+            .await;
+        h.add(svc("ns-e/s").cilium_key("k").cross("ns-d").port(84))
+            .await;
+        assert_eq!(h.ips("ns-e/s"), h.ips("ns-d/s"));
+    }
+
+    #[tokio::test]
+    async fn metallb_keys_share_across_namespaces_by_default() {
+        let h = Harness::new().await;
+        h.pool("m", addrs(&["10.0.0.0/24"])).await;
+        h.add(
+            svc("ns-a/s")
+                .ann("metallb.io/allow-shared-ip", "k")
+                .port(80),
+        )
+        .await;
+        h.add(
+            svc("ns-b/s")
+                .ann("metallb.io/allow-shared-ip", "k")
+                .port(81),
+        )
+        .await;
+        assert_eq!(h.ips("ns-b/s"), "10.0.0.0");
+    }
+
+    #[tokio::test]
+    async fn metallb_keys_need_the_annotation_when_configured() {
+        let config = ControllerConfig::default()
+            .sharing_across_namespaces(SharingAcrossNamespaces::Annotated);
+        let h = Harness::with(config).await;
+        h.pool("m", addrs(&["10.0.0.0/24"])).await;
+        h.add(
+            svc("ns-a/s")
+                .ann("metallb.io/allow-shared-ip", "k")
+                .port(80),
+        )
+        .await;
+        h.add(
+            svc("ns-b/s")
+                .ann("metallb.io/allow-shared-ip", "k")
+                .port(81),
+        )
+        .await;
+        assert_eq!(h.ips("ns-b/s"), "10.0.0.1");
+        // Same namespace: as before.
+        h.add(
+            svc("ns-a/t")
+                .ann("metallb.io/allow-shared-ip", "k")
+                .port(82),
+        )
+        .await;
+        assert_eq!(h.ips("ns-a/t"), "10.0.0.0");
+        // Both allowing the other: shared.
+        h.add(
+            svc("ns-c/s")
+                .ann("metallb.io/allow-shared-ip", "j")
+                .cross("ns-d")
+                .port(80),
+        )
+        .await;
+        h.add(
+            svc("ns-d/s")
+                .ann("metallb.io/allow-shared-ip", "j")
+                .cross("ns-c")
+                .port(81),
+        )
+        .await;
+        assert_eq!(h.ips("ns-d/s"), h.ips("ns-c/s"));
+    }
+}
+
+// ----- docs/cilium.md §3.6: the condition -----
+
+mod condition {
+    use super::*;
+
+    #[tokio::test]
+    async fn satisfied_and_written_only_while_a_cilium_pool_exists() {
+        let h = Harness::new().await;
+        h.pool("m", addrs(&["10.0.0.0/24"])).await;
+        h.add(svc("ns/before")).await;
+        assert_eq!(h.cilium("ns/before"), "none");
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.add(svc("ns/a")).await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.0");
+        assert_eq!(h.cilium("ns/a"), SATISFIED);
+        let shown = CiliumCondition::find(&h.service("ns/a")).unwrap().clone();
+        assert_eq!(shown.type_, CILIUM_CONDITION_TYPE);
+        assert_eq!(shown.observed_generation, Some(1));
+        // Not a write of its own: the settled Service waits for one.
+        assert_eq!(h.cilium("ns/before"), "none");
+    }
+
+    #[tokio::test]
+    async fn no_pool_for_a_family_and_for_an_address() {
+        let h = Harness::new().await;
+        h.cilium_pool(
+            "c",
+            json!({"blocks": [{"cidr": "10.0.10.0/24"}],
+                   "serviceSelector": {"matchLabels": {"color": "red"}}}),
+        )
+        .await;
+        h.add(svc("ns/a")).await;
+        assert_eq!(h.cilium("ns/a"), NO_POOL);
+        h.add(svc("ns/b").cilium_ips("10.9.9.9")).await;
+        assert_eq!(
+            h.cilium("ns/b"),
+            "False no_pool: No pool exists with a CIDR containing '10.9.9.9'"
+        );
+    }
+
+    /// cilium/cilium lbipam_test.go TestRequestIPWithMismatchedLabel.
+    #[tokio::test]
+    async fn pool_selector_mismatch() {
+        let h = Harness::new().await;
+        h.cilium_pool(
+            "c",
+            json!({"blocks": [{"cidr": "10.0.10.0/24"}],
+                   "serviceSelector": {"matchLabels": {"color": "blue"}}}),
+        )
+        .await;
+        h.add(svc("ns/a").label("color", "red").cilium_ips("10.0.10.123"))
+            .await;
+        assert_eq!(
+            h.cilium("ns/a"),
+            "False pool_selector_mismatch: The pool with the CIDR containing '10.0.10.123', \
+             doesn't select this service"
+        );
+    }
+
+    /// cilium/cilium lbipam_test.go TestRequestIPs (a held address requested
+    /// without a key).
+    #[tokio::test]
+    async fn already_allocated() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.add(svc("ns/a").cilium_ips("10.0.10.5")).await;
+        h.add(svc("ns/b").cilium_ips("10.0.10.5")).await;
+        assert_eq!(h.cilium("ns/a"), SATISFIED);
+        assert_eq!(
+            h.cilium("ns/b"),
+            "False already_allocated: The IP '10.0.10.5' is already allocated to another service"
+        );
+    }
+
+    #[tokio::test]
+    async fn already_allocated_incompatible_service() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.add(svc("ns/a").cilium_ips("10.0.10.5").cilium_key("k"))
+            .await;
+        h.add(svc("ns/b").cilium_ips("10.0.10.5").cilium_key("k"))
+            .await;
+        let shown = h.cilium("ns/b");
+        assert!(
+            shown.starts_with(
+                "False already_allocated_incompatible_service: The IP '10.0.10.5' is already \
+                 allocated to an incompatible service. Reason: "
+            ),
+            "{shown}"
+        );
+        assert!(shown.contains("port"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn out_of_ips() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.1/32"])).await;
+        h.add(svc("ns/a")).await;
+        h.add(svc("ns/b")).await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.1");
+        assert_eq!(
+            h.cilium("ns/b"),
+            "False out_of_ips: All enabled CiliumLoadBalancerIPPools that match this service \
+             ran out of allocatable IPs"
+        );
+    }
+
+    #[tokio::test]
+    async fn removed_when_the_service_stops_being_handled() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.add(svc("ns/a")).await;
+        assert_eq!(h.cilium("ns/a"), SATISFIED);
+        h.edit("ns/a", |s| s.kind("NodePort")).await;
+        assert_eq!(h.ips("ns/a"), "");
+        assert_eq!(h.cilium("ns/a"), "none");
+    }
+
+    #[tokio::test]
+    async fn only_generation_differs_counts_as_up_to_date() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.add(svc("ns/a")).await;
+        h.take();
+        // Cilium's condition from another generation (as Cilium leaves it
+        // on a satisfied Service) needs no write.
+        h.edit("ns/a", |mut s| {
+            for condition in s.0["status"]["conditions"].as_array_mut().unwrap() {
+                if condition["type"] == CILIUM_CONDITION_TYPE {
+                    condition["observedGeneration"] = json!(7);
+                }
+            }
+            s
+        })
+        .await;
+        assert_eq!(writes(&h.take()), Vec::<String>::new());
+        // Another message is a write.
+        h.edit("ns/a", |mut s| {
+            for condition in s.0["status"]["conditions"].as_array_mut().unwrap() {
+                if condition["type"] == CILIUM_CONDITION_TYPE {
+                    condition["message"] = json!("stale");
+                }
+            }
+            s
+        })
+        .await;
+        assert_eq!(writes(&h.take()), ["ns/a <- 10.0.10.0"]);
+        assert_eq!(h.cilium("ns/a"), SATISFIED);
+    }
+
+    #[tokio::test]
+    async fn switched_off_by_configuration() {
+        let h = Harness::with(ControllerConfig::default().without_cilium_conditions()).await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.add(svc("ns/a")).await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.0");
+        assert_eq!(h.cilium("ns/a"), "none");
+    }
+
+    #[tokio::test]
+    async fn no_longer_written_once_the_last_cilium_pool_is_gone() {
+        let h = Harness::new().await;
+        h.pool("m", addrs(&["10.0.0.0/24"])).await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.delete_cilium_pool("c").await;
+        h.add(svc("ns/a")).await;
+        assert_eq!(h.ips("ns/a"), "10.0.0.0");
+        assert_eq!(h.cilium("ns/a"), "none");
+    }
+}
+
+// ----- docs/cilium.md §4.1, §4.3: one ordering for both kinds -----
+
+mod mixed_order {
+    use super::*;
+
+    /// The candidate order of docs/cilium.md §4.3: pinned pools with a
+    /// priority (MetalLB only), then pinned pools of both kinds by name (a
+    /// Cilium pool with a serviceSelector is pinned), then unpinned pools
+    /// of both kinds by name.
+    #[tokio::test]
+    async fn one_candidate_order_for_both_kinds() {
+        let h = Harness::new().await;
+        h.pool("z-metal", addrs(&["10.0.5.1/32"])).await;
+        h.cilium_pool("a-cilium", blocks(&["10.0.4.1/32"])).await;
+        h.cilium_pool(
+            "c-selected",
+            json!({"blocks": [{"cidr": "10.0.3.1/32"}], "serviceSelector": {}}),
+        )
+        .await;
+        h.pool(
+            "b-pinned",
+            json!({"addresses": ["10.0.2.1/32"],
+                   "serviceAllocation": {"namespaces": ["ns"]}}),
+        )
+        .await;
+        h.pool(
+            "y-priority",
+            json!({"addresses": ["10.0.1.1/32"],
+                   "serviceAllocation": {"priority": 1, "namespaces": ["ns"]}}),
+        )
+        .await;
+        for i in 1..=6 {
+            h.add(svc(&format!("ns/s{i}"))).await;
+        }
+        let got: Vec<String> = (1..=6).map(|i| h.ips(&format!("ns/s{i}"))).collect();
+        assert_eq!(
+            got,
+            ["10.0.1.1", "10.0.2.1", "10.0.3.1", "10.0.4.1", "10.0.5.1", ""]
+        );
+        assert_eq!(
+            h.cilium("ns/s6"),
+            "False out_of_ips: All enabled CiliumLoadBalancerIPPools that match this service \
+             ran out of allocatable IPs"
+        );
+        // The pool annotation names only IPAddressPools' addresses.
+        let pool_of = |key: &str| {
+            h.service(key)
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(POOL_ANNOTATION).cloned())
+        };
+        assert_eq!(pool_of("ns/s2").as_deref(), Some("b-pinned"));
+    }
+
+    /// `metallb.io/address-pool` names IPAddressPools only (docs/cilium.md
+    /// §4.1).
+    #[tokio::test]
+    async fn address_pool_naming_a_cilium_pool_is_unknown() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.take();
+        h.add(svc("ns/a").ann("metallb.io/address-pool", "c")).await;
+        assert_eq!(h.ips("ns/a"), "");
+        assert_eq!(
+            warnings(&h.take()),
+            [
+                r#"ns/a AllocationFailed: Failed to allocate IP for "ns/a": unknown pool "c" (a CiliumLoadBalancerIPPool "c" exists; Cilium pools are chosen by their serviceSelector)"#
+            ]
+        );
+        assert_eq!(h.cilium("ns/a"), NO_POOL);
+    }
+
+    /// A requested address in a disabled pool: Cilium skips the pool's
+    /// ranges, so no pool contains it (docs/cilium.md §2.5).
+    #[tokio::test]
+    async fn requested_address_in_a_disabled_pool() {
+        let h = Harness::new().await;
+        h.cilium_pool(
+            "c",
+            json!({"blocks": [{"cidr": "10.0.10.0/24"}], "disabled": true}),
+        )
+        .await;
+        h.add(svc("ns/a").cilium_ips("10.0.10.5")).await;
+        assert_eq!(
+            h.cilium("ns/a"),
+            "False no_pool: No pool exists with a CIDR containing '10.0.10.5'"
+        );
+        h.add(svc("ns/b")).await;
+        assert_eq!(h.cilium("ns/b"), NO_POOL);
+    }
+
+    /// cilium/cilium lbipam_test.go TestUpdateAllowFirstAndLastIPs: a
+    /// reserved end is `already_allocated`.
+    #[tokio::test]
+    async fn requested_reserved_end() {
+        let h = Harness::new().await;
+        h.cilium_pool(
+            "c",
+            json!({"blocks": [{"cidr": "10.0.10.16/30"}], "allowFirstLastIPs": "No"}),
+        )
+        .await;
+        h.add(svc("ns/a").cilium_ips("10.0.10.16")).await;
+        assert_eq!(
+            h.cilium("ns/a"),
+            "False already_allocated: The IP '10.0.10.16' is already allocated to another service"
+        );
+        h.add(svc("ns/b")).await;
+        assert_eq!(h.ips("ns/b"), "10.0.10.17");
+    }
+}
