@@ -898,4 +898,224 @@ mod tests {
             Err(PoolError::DuplicateNamespace { .. })
         ));
     }
+
+    // ----- Cilium pools (docs/cilium.md §2.2–2.5) -----
+
+    fn block(cidr: &str, start: &str, stop: &str) -> CiliumBlock {
+        let text = |v: &str| (!v.is_empty()).then(|| v.to_owned());
+        CiliumBlock {
+            cidr: text(cidr),
+            start: text(start),
+            stop: text(stop),
+        }
+    }
+
+    fn cilium(blocks: Vec<CiliumBlock>) -> CiliumLoadBalancerIPPoolSpec {
+        CiliumLoadBalancerIPPoolSpec {
+            blocks,
+            ..Default::default()
+        }
+    }
+
+    fn cilium_err(spec: &CiliumLoadBalancerIPPoolSpec) -> String {
+        Pool::parse_cilium("p", spec).unwrap_err().to_string()
+    }
+
+    fn shown(pool: &Pool) -> Vec<String> {
+        pool.ranges.iter().map(|r| r.to_string()).collect()
+    }
+
+    #[test]
+    fn cilium_blocks_of_every_form_legacy_cidrs_first() {
+        let mut spec = cilium(vec![
+            block("10.0.0.12/24", "ignored", "ignored"),
+            block("", "10.0.1.1", "10.0.1.9"),
+            block("", "10.0.2.7", ""),
+            // Go clients send "cidr": "" for a range block.
+            CiliumBlock {
+                cidr: Some(String::new()),
+                start: Some("fd00::1".into()),
+                stop: Some(String::new()),
+            },
+        ]);
+        spec.cidrs = vec![block("10.9.0.0/30", "", "")];
+        let pool = Pool::parse_cilium("p", &spec).unwrap();
+        assert_eq!(
+            shown(&pool),
+            [
+                "10.9.0.0-10.9.0.3",
+                "10.0.0.0-10.0.0.255",
+                "10.0.1.1-10.0.1.9",
+                "10.0.2.7-10.0.2.7",
+                "fd00::1-fd00::1"
+            ]
+        );
+        assert_eq!(pool.kind, PoolKind::CiliumLoadBalancerIPPool);
+        assert!(pool.auto_assign && !pool.avoid_buggy_ips && !pool.disabled);
+        assert!(!pool.is_pinned());
+        assert_eq!(pool.reserved(Family::V4), 0);
+        assert_eq!(pool.total(Family::V4).get(), Some(4 + 256 + 9 + 1));
+        // An empty pool is valid and serves nothing.
+        let empty = Pool::parse_cilium("e", &CiliumLoadBalancerIPPoolSpec::default()).unwrap();
+        assert!(empty.ranges.is_empty());
+        assert_eq!(empty.total(Family::V6).get(), Some(0));
+    }
+
+    #[test]
+    fn cilium_rejections_name_the_block() {
+        let one = |b: CiliumBlock| cilium_err(&cilium(vec![block("10.0.5.0/24", "", ""), b]));
+        assert_eq!(
+            one(block("10.0.0.0/33", "", "")),
+            "blocks[1]: cidr \"10.0.0.0/33\" is not a valid prefix"
+        );
+        assert_eq!(
+            one(block("", "", "10.0.0.1")),
+            "blocks[1]: neither cidr nor start is set"
+        );
+        assert_eq!(
+            one(block("", "10.0.0.300", "")),
+            "blocks[1]: start \"10.0.0.300\" is not an IP address"
+        );
+        assert_eq!(
+            one(block("", "10.0.0.1", "x")),
+            "blocks[1]: stop \"x\" is not an IP address"
+        );
+        assert_eq!(
+            one(block("", "10.0.0.9", "10.0.0.1")),
+            "blocks[1]: range 10.0.0.9-10.0.0.1: first address is after the last"
+        );
+        assert_eq!(
+            one(block("", "10.0.0.1", "fd00::1")),
+            "blocks[1]: range 10.0.0.1-fd00::1: first and last are of different IP families"
+        );
+        assert_eq!(
+            one(block("", "10.0.5.64", "10.0.5.79")),
+            "blocks[1] (10.0.5.64-10.0.5.79) overlaps blocks[0] (10.0.5.0-10.0.5.255) in the same pool"
+        );
+        let mut legacy = cilium(vec![block("10.0.5.0/24", "", "")]);
+        legacy.cidrs = vec![block("10.0.5.0/24", "", "")];
+        assert_eq!(
+            cilium_err(&legacy),
+            "blocks[0] (10.0.5.0-10.0.5.255) overlaps cidrs[0] (10.0.5.0-10.0.5.255) in the same pool"
+        );
+        let mut maybe = cilium(vec![]);
+        maybe.allow_first_last_ips = Some("maybe".into());
+        assert_eq!(
+            cilium_err(&maybe),
+            "allowFirstLastIPs \"maybe\" is neither \"Yes\" nor \"No\""
+        );
+        let mut bad_selector = cilium(vec![]);
+        bad_selector.service_selector = Some(selector("app", "Contains", &[]));
+        assert_eq!(
+            cilium_err(&bad_selector),
+            "serviceSelector: unknown operator \"Contains\" for key \"app\""
+        );
+    }
+
+    #[test]
+    fn allow_first_last_ips_no_reserves_the_ends_of_larger_cidr_blocks() {
+        let mut spec = cilium(vec![
+            block("10.0.0.5/32", "", ""),
+            block("10.0.0.6/31", "", ""),
+            block("fd00::1/128", "", ""),
+            block("fd00::2/127", "", ""),
+            block("10.0.10.16/30", "", ""),
+            block("fd00:1::/120", "", ""),
+            block("", "10.0.1.0", "10.0.1.255"),
+        ]);
+        let reserving = |spec: &CiliumLoadBalancerIPPoolSpec| {
+            let pool = Pool::parse_cilium("p", spec).unwrap();
+            pool.ranges
+                .iter()
+                .map(|r| r.reserves_ends())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(reserving(&spec), [false; 7]);
+        spec.allow_first_last_ips = Some("Yes".into());
+        assert_eq!(reserving(&spec), [false; 7]);
+        spec.allow_first_last_ips = Some("No".into());
+        assert_eq!(
+            reserving(&spec),
+            [false, false, false, false, true, true, false]
+        );
+        let pool = Pool::parse_cilium("p", &spec).unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(!pool.allows(ip("10.0.10.16")) && pool.reserves(ip("10.0.10.16")));
+        assert!(pool.allows(ip("10.0.10.17")) && pool.allows(ip("10.0.10.18")));
+        assert!(!pool.allows(ip("10.0.10.19")) && pool.reserves(ip("10.0.10.19")));
+        assert!(pool.reserves(ip("fd00:1::")) && pool.reserves(ip("fd00:1::ff")));
+        assert!(pool.allows(ip("10.0.1.0")) && pool.allows(ip("10.0.0.6")));
+        assert_eq!(pool.reserved(Family::V4), 2);
+        assert_eq!(pool.reserved(Family::V6), 2);
+        // The total counts the reserved ends too (Cilium's IPsTotal).
+        assert_eq!(pool.total(Family::V4).get(), Some(1 + 2 + 4 + 256));
+    }
+
+    #[test]
+    fn cilium_selector_sees_the_pseudo_labels_over_real_ones() {
+        let mut spec = cilium(vec![block("10.0.0.0/24", "", "")]);
+        spec.service_selector = Some(LabelSelectorSpec {
+            match_labels: [(
+                SERVICE_NAMESPACE_LABEL.to_string(),
+                "tenant-one".to_string(),
+            )]
+            .into(),
+            match_expressions: vec![],
+        });
+        let pool = Pool::parse_cilium("p", &spec).unwrap();
+        assert!(pool.is_pinned());
+        let empty = BTreeMap::new();
+        let lying: BTreeMap<String, String> = [(
+            SERVICE_NAMESPACE_LABEL.to_string(),
+            "tenant-one".to_string(),
+        )]
+        .into();
+        let subject = |name, namespace, labels| Subject {
+            name,
+            namespace,
+            labels,
+            namespace_labels: &empty,
+        };
+        assert!(pool.serves(&subject("s", "tenant-one", &empty)));
+        // A real label of the same key is overwritten (TestPoolSelectorNamespace).
+        assert_eq!(
+            pool.unserved(&subject("s", "tenant-two", &lying)),
+            Some(Unserved::ServiceSelector)
+        );
+        spec.service_selector = Some(selector(SERVICE_NAME_LABEL, "In", &["web", "api"]));
+        let by_name = Pool::parse_cilium("p", &spec).unwrap();
+        assert!(by_name.serves(&subject("api", "any", &empty)));
+        assert!(!by_name.serves(&subject("db", "any", &empty)));
+        // `{}` pins the pool and matches everything; absent serves all, unpinned.
+        spec.service_selector = Some(LabelSelectorSpec::default());
+        let all = Pool::parse_cilium("p", &spec).unwrap();
+        assert!(all.is_pinned() && all.serves(&subject("x", "y", &empty)));
+        // MetalLB pools see no pseudo-labels.
+        let mut metallb = super::tests::spec(&["10.1.0.0/24"]);
+        metallb.service_allocation = Some(ServiceAllocationSpec {
+            service_selectors: vec![selector(SERVICE_NAME_LABEL, "Exists", &[])],
+            ..Default::default()
+        });
+        let metallb = Pool::parse("m", &metallb).unwrap();
+        assert!(!metallb.serves(&subject("x", "y", &empty)));
+    }
+
+    #[test]
+    fn a_conflict_prints_as_cilium_writes_it() {
+        let conflict = Conflict {
+            range: parse_entry("10.0.0.0/24").unwrap(),
+            other_range: parse_entry("10.0.0.0-10.0.0.255").unwrap(),
+            other_pool: "blue".into(),
+            other_kind: PoolKind::CiliumLoadBalancerIPPool,
+        };
+        assert_eq!(
+            conflict.cilium_message(),
+            "Pool conflicts since range '10.0.0.0 - 10.0.0.255' overlaps range '10.0.0.0 - 10.0.0.255' from IP Pool 'blue'"
+        );
+        assert_eq!(PoolKind::IPAddressPool.to_string(), "IPAddressPool");
+        assert_eq!(
+            PoolKind::IPAddressPool.other().to_string(),
+            "CiliumLoadBalancerIPPool"
+        );
+    }
 }

@@ -116,6 +116,21 @@ impl Svc {
     }
 }
 
+impl Svc {
+    /// A Cilium sharing key (`lbipam.cilium.io/sharing-key`).
+    fn cilium_share(mut self, key: &str, ports: &[i32]) -> Self {
+        self = self.share(key, ports);
+        self.rule = SharingRule::Cilium;
+        self.admits.get_or_insert_with(Vec::new);
+        self
+    }
+    /// `lbipam.cilium.io/sharing-cross-namespace`.
+    fn admitting(mut self, namespaces: &[&str]) -> Self {
+        self.admits = Some(namespaces.iter().map(|n| n.to_string()).collect());
+        self
+    }
+}
+
 fn alloc(allocator: &mut Allocator, service: &Svc) -> Result<Vec<String>, AllocError> {
     let holding = allocator.allocate(&service.req())?;
     allocator.check_invariants().unwrap();
@@ -691,6 +706,18 @@ enum Op {
     RemovePool {
         pool: u8,
     },
+    /// A Cilium pool of the same names as the `IPAddressPool`s: the shared
+    /// name space, overlaps across kinds, reserved ends, disabled pools.
+    SetCiliumPool {
+        pool: u8,
+        shape: u8,
+        no_ends: bool,
+        disabled: bool,
+        selector: bool,
+    },
+    RemoveCiliumPool {
+        pool: u8,
+    },
     CompleteDual {
         service: u8,
         share: Option<u8>,
@@ -726,13 +753,16 @@ fn address(n: u8) -> IpAddr {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..8, proptest::option::of(0u8..2), 0u8..3, 0u8..4, proptest::option::of(0u8..3), proptest::option::of(0u8..16))
+        4 => (0u8..8, proptest::option::of(0u8..4), 0u8..3, 0u8..4, proptest::option::of(0u8..3), proptest::option::of(0u8..16))
             .prop_map(|(service, share, port, family, pool, ask)| Op::Allocate { service, share, port, family, pool, ask }),
         2 => (0u8..8, 0u8..16).prop_map(|(service, address)| Op::Keep { service, address }),
         2 => (0u8..8).prop_map(|service| Op::Release { service }),
         1 => (0u8..3, 0u8..POOL_SHAPES.len() as u8).prop_map(|(pool, shape)| Op::SetPool { pool, shape }),
         1 => (0u8..3).prop_map(|pool| Op::RemovePool { pool }),
-        1 => (0u8..8, proptest::option::of(0u8..2), 0u8..3)
+        1 => (0u8..3, 0u8..POOL_SHAPES.len() as u8, any::<bool>(), proptest::bool::weighted(0.2), any::<bool>())
+            .prop_map(|(pool, shape, no_ends, disabled, selector)| Op::SetCiliumPool { pool, shape, no_ends, disabled, selector }),
+        1 => (0u8..3).prop_map(|pool| Op::RemoveCiliumPool { pool }),
+        1 => (0u8..8, proptest::option::of(0u8..4), 0u8..3)
             .prop_map(|(service, share, port)| Op::CompleteDual { service, share, port }),
     ]
 }
@@ -759,11 +789,11 @@ fn apply(a: &mut Allocator, op: &Op) -> String {
             service,
             address: n,
         } => {
-            let s = svc(&format!("ns/s{service}"));
+            let s = svc(&key_of(service));
             let s = if n.is_multiple_of(2) { s } else { s.v6() };
             format!("{:?}", a.keep(&s.req(), &[address(n)]))
         }
-        Op::Release { service } => format!("{:?}", a.release(&format!("ns/s{service}"))),
+        Op::Release { service } => format!("{:?}", a.release(&key_of(service))),
         Op::SetPool { pool, shape } => {
             let addresses = POOL_SHAPES.get(usize::from(shape)).copied().unwrap_or(&[]);
             let change = a.set_pool(&format!("pool{pool}"), &pool_spec(addresses));
@@ -771,6 +801,50 @@ fn apply(a: &mut Allocator, op: &Op) -> String {
         }
         // What was released; which pools stayed as they were is how the
         // allocator got there.
+        Op::SetCiliumPool {
+            pool,
+            shape,
+            no_ends,
+            disabled,
+            selector,
+        } => {
+            let addresses = POOL_SHAPES.get(usize::from(shape)).copied().unwrap_or(&[]);
+            let spec = crate::cilium::CiliumLoadBalancerIPPoolSpec {
+                blocks: addresses
+                    .iter()
+                    .map(|entry| {
+                        let (cidr, start, stop) = match entry.split_once('-') {
+                            Some((start, stop)) => (None, Some(start), Some(stop)),
+                            None if entry.contains('/') => (Some(*entry), None, None),
+                            None => (None, Some(*entry), None),
+                        };
+                        crate::cilium::CiliumBlock {
+                            cidr: cidr.map(str::to_owned),
+                            start: start.map(str::to_owned),
+                            stop: stop.map(str::to_owned),
+                        }
+                    })
+                    .collect(),
+                allow_first_last_ips: no_ends.then(|| "No".to_owned()),
+                disabled,
+                // Only Services named s0..s3 (the pseudo-label).
+                service_selector: selector.then(|| LabelSelectorSpec {
+                    match_expressions: vec![crate::spec::LabelSelectorRequirementSpec {
+                        key: SERVICE_NAME_LABEL.to_owned(),
+                        operator: "In".to_owned(),
+                        values: (0..4).map(|i| format!("s{i}")).collect(),
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let change = a.set_cilium_pool(&format!("pool{pool}"), &spec);
+            format!("{:?}", change.released)
+        }
+        Op::RemoveCiliumPool { pool } => {
+            let change = a.remove_cilium_pool(&format!("pool{pool}"));
+            format!("{:?}", change.released)
+        }
         Op::RemovePool { pool } => {
             format!("{:?}", a.remove_pool(&format!("pool{pool}")).released)
         }
@@ -785,15 +859,36 @@ fn apply(a: &mut Allocator, op: &Op) -> String {
     }
 }
 
+/// Services s6 and s7 live in another namespace, for the namespace rule.
+fn key_of(service: u8) -> String {
+    if service >= 6 {
+        format!("other/s{service}")
+    } else {
+        format!("ns/s{service}")
+    }
+}
+
 fn service_for(service: u8, share: Option<u8>, port: u8, family: u8) -> Svc {
-    let base = svc(&format!("ns/s{service}"));
+    let base = svc(&key_of(service));
     let base = match family {
         0 => base,
         1 => base.v6(),
         2 => base.dual(),
         _ => base.prefer(Family::V6),
     };
+    // Keys 0 and 1 follow MetalLB's rule, 2 and 3 Cilium's (as "key0",
+    // "key1" again: the rules keep them apart), with each Service's
+    // cross-namespace list one of none, any, or the other namespace.
     match share {
+        Some(k) if k >= 2 => {
+            let admits: &[&str] = match service % 3 {
+                0 => &[],
+                1 => &["*"],
+                _ => &["ns", "other"],
+            };
+            base.cilium_share(&format!("key{}", k - 2), &[i32::from(port)])
+                .admitting(admits)
+        }
         Some(k) => base.share(&format!("key{k}"), &[i32::from(port)]),
         None => base,
     }
@@ -986,5 +1081,422 @@ mod cost {
         assert_eq!(a.rejected_pools().len(), (N / 2 - 1) as usize);
         assert!(change.changed.len() >= (N - 1) as usize);
         assert_linear(&a, N, 8);
+    }
+}
+
+// ----- Cilium pools and sharing (docs/cilium.md §2, §3.4, §4) -----
+
+mod cilium {
+    use super::*;
+    use crate::cilium::{CiliumBlock, CiliumLoadBalancerIPPoolSpec};
+
+    fn cidrs(list: &[&str]) -> CiliumLoadBalancerIPPoolSpec {
+        CiliumLoadBalancerIPPoolSpec {
+            blocks: list
+                .iter()
+                .map(|c| CiliumBlock {
+                    cidr: Some(c.to_string()),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn no_ends(list: &[&str]) -> CiliumLoadBalancerIPPoolSpec {
+        CiliumLoadBalancerIPPoolSpec {
+            allow_first_last_ips: Some("No".into()),
+            ..cidrs(list)
+        }
+    }
+
+    fn counts(a: &Allocator, name: &str) -> (String, String, String) {
+        let stats = a.pool_stats().into_iter().find(|p| p.name == name).unwrap();
+        let c = stats.cilium_counts();
+        (
+            c.total.to_string(),
+            c.used.to_string(),
+            c.available.to_string(),
+        )
+    }
+
+    fn strings(t: (&str, &str, &str)) -> (String, String, String) {
+        (t.0.into(), t.1.into(), t.2.into())
+    }
+
+    #[test]
+    fn reserved_ends_are_never_given_kept_or_requested() {
+        let mut a = Allocator::new();
+        a.set_cilium_pool("p", &no_ends(&["10.0.10.16/30"]));
+        assert_eq!(one(&mut a, &svc("ns/a")), "10.0.10.17");
+        assert_eq!(one(&mut a, &svc("ns/b")), "10.0.10.18");
+        assert!(matches!(
+            alloc(&mut a, &svc("ns/c")),
+            Err(AllocError::NoAvailable { .. })
+        ));
+        let asked = alloc(&mut a, &svc("ns/c").asking(&["10.0.10.16"])).unwrap_err();
+        assert_eq!(
+            asked.to_string(),
+            "10.0.10.16 is reserved by pool \"p\" (allowFirstLastIPs: No)"
+        );
+        assert_eq!(
+            a.keep(&svc("ns/c").req(), &ips(&["10.0.10.19"])),
+            Err(AllocError::AddressReserved {
+                ip: ip("10.0.10.19"),
+                pool: "p".into()
+            })
+        );
+        // Yes frees the ends; No again takes them back from their holder.
+        a.set_cilium_pool("p", &cidrs(&["10.0.10.16/30"]));
+        assert_eq!(one(&mut a, &svc("ns/c")), "10.0.10.16");
+        assert_eq!(counts(&a, "p"), strings(("4", "3", "1")));
+        let change = a.set_cilium_pool("p", &no_ends(&["10.0.10.16/30"]));
+        assert_eq!(change.released.len(), 1);
+        assert_eq!(change.released[0].key, "ns/c");
+        assert_eq!(
+            change.released[0].reason,
+            "10.0.10.16 is reserved by pool \"p\" (allowFirstLastIPs: No)"
+        );
+        assert_eq!(a.holding("ns/a").unwrap().ips, ips(&["10.0.10.17"]));
+        assert_eq!(counts(&a, "p"), strings(("4", "4", "0")));
+        a.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn counts_as_cilium_writes_them_exact_at_any_size() {
+        let mut a = Allocator::new();
+        a.set_cilium_pool("no", &no_ends(&["10.0.10.0/24"]));
+        a.set_cilium_pool("yes", &cidrs(&["10.0.20.0/24"]));
+        assert_eq!(counts(&a, "no"), strings(("256", "2", "254")));
+        assert_eq!(counts(&a, "yes"), strings(("256", "0", "256")));
+        let stats = a.pool_stats();
+        let no = stats.iter().find(|p| p.name == "no").unwrap();
+        assert_eq!(no.kind, PoolKind::CiliumLoadBalancerIPPool);
+        assert_eq!((no.ipv4.assigned, no.ipv4.reserved), (0, 2));
+        // A shared address counts once.
+        let s1 = svc("ns/s1").asking(&["10.0.10.1"]).share("k", &[80]);
+        let s2 = svc("ns/s2").asking(&["10.0.10.1"]).share("k", &[443]);
+        alloc(&mut a, &s1).unwrap();
+        alloc(&mut a, &s2).unwrap();
+        assert_eq!(counts(&a, "no"), strings(("256", "3", "253")));
+
+        let mut all = Allocator::new();
+        all.set_cilium_pool("all", &no_ends(&["::/0", "0.0.0.0/0"]));
+        assert_eq!(
+            counts(&all, "all"),
+            strings((
+                "340282366920938463463374607436063178752",
+                "4",
+                "340282366920938463463374607436063178748"
+            ))
+        );
+    }
+
+    #[test]
+    fn a_disabled_pool_keeps_its_holders_and_gives_nothing_new() {
+        let mut a = Allocator::new();
+        a.set_cilium_pool("c", &cidrs(&["10.0.0.0/30"]));
+        a.set_pool("m", &pool_spec(&["10.0.1.0/30"]));
+        assert_eq!(one(&mut a, &svc("ns/a")), "10.0.0.0");
+        let disabled = CiliumLoadBalancerIPPoolSpec {
+            disabled: true,
+            ..cidrs(&["10.0.0.0/30"])
+        };
+        let change = a.set_cilium_pool("c", &disabled);
+        assert!(change.released.is_empty() && change.rejected.is_empty());
+        assert_eq!(a.holding("ns/a").unwrap().ips, ips(&["10.0.0.0"]));
+        assert!(a.keep(&svc("ns/a").req(), &ips(&["10.0.0.0"])).is_ok());
+        assert_eq!(one(&mut a, &svc("ns/b")), "10.0.1.0");
+        assert_eq!(
+            alloc(&mut a, &svc("ns/c").asking(&["10.0.0.1"])),
+            Err(AllocError::PoolDisabled { pool: "c".into() })
+        );
+        let explained = a.explain(&svc("ns/c").req());
+        let verdict = explained.pools.iter().find(|p| p.pool == "c").unwrap();
+        assert_eq!(verdict.verdict, Verdict::Disabled);
+        // It still counts, and a lone PreferDualStack address is not completed from it.
+        assert_eq!(counts(&a, "c"), strings(("4", "1", "3")));
+        assert_eq!(
+            a.complete_dual_stack(&svc("ns/a").prefer(Family::V4).req()),
+            None
+        );
+    }
+
+    #[test]
+    fn pools_of_both_kinds_overlap_the_older_wins_either_way() {
+        for cilium_first in [false, true] {
+            let mut a = Allocator::new();
+            let add = |a: &mut Allocator, cilium: bool, name: &str, created: i128| {
+                if cilium {
+                    a.set_cilium_pool_created(name, &cidrs(&["10.0.0.0/24"]), Some(created))
+                } else {
+                    a.set_pool_created(name, &pool_spec(&["10.0.0.0/24"]), Some(created))
+                }
+            };
+            // The newer arrives first: creation time decides, not arrival.
+            add(&mut a, !cilium_first, "newer", 2);
+            add(&mut a, cilium_first, "older", 1);
+            let rejected = a.rejected_pools();
+            assert_eq!(rejected.len(), 1);
+            let loser = &rejected[0];
+            assert_eq!(loser.name, "newer");
+            let older_kind = if cilium_first {
+                PoolKind::CiliumLoadBalancerIPPool
+            } else {
+                PoolKind::IPAddressPool
+            };
+            assert_eq!(loser.kind, older_kind.other());
+            let conflict = loser.conflict.as_ref().unwrap();
+            assert_eq!(
+                (conflict.other_pool.as_str(), conflict.other_kind),
+                ("older", older_kind)
+            );
+            assert_eq!(
+                conflict.cilium_message(),
+                "Pool conflicts since range '10.0.0.0 - 10.0.0.255' overlaps range '10.0.0.0 - 10.0.0.255' from IP Pool 'older'"
+            );
+            let word = if cilium_first {
+                "CiliumLoadBalancerIPPool"
+            } else {
+                "pool"
+            };
+            assert_eq!(
+                loser.reason,
+                format!("addresses \"10.0.0.0-10.0.0.255\" overlap \"10.0.0.0-10.0.0.255\" of {word} \"older\"")
+            );
+            assert_eq!(one(&mut a, &svc("ns/a")), "10.0.0.0");
+            assert_eq!(a.holding("ns/a").unwrap().pool, "older");
+            // Deleting the older accepts the newer; the holder's address
+            // lies in it, so it stays, now from the newer pool.
+            let change = a.remove_pool_of(older_kind, "older");
+            assert!(change.released.is_empty());
+            assert!(a.rejected_pools().is_empty());
+            assert_eq!(a.pool("newer").unwrap().kind, older_kind.other());
+            assert_eq!(a.holding("ns/a").unwrap().pool, "newer");
+            assert_eq!(one(&mut a, &svc("ns/b")), "10.0.0.1");
+        }
+    }
+
+    #[test]
+    fn a_pool_overlapping_itself_names_itself() {
+        let mut a = Allocator::new();
+        let change = a.set_cilium_pool("blue", &cidrs(&["10.0.0.0/24", "10.0.0.0/24"]));
+        let conflict = change.rejected[0].conflict.as_ref().unwrap();
+        assert_eq!(
+            conflict.cilium_message(),
+            "Pool conflicts since range '10.0.0.0 - 10.0.0.255' overlaps range '10.0.0.0 - 10.0.0.255' from IP Pool 'blue'"
+        );
+        // An invalid pool has no conflict.
+        let change = a.set_cilium_pool(
+            "bad",
+            &CiliumLoadBalancerIPPoolSpec {
+                allow_first_last_ips: Some("maybe".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(change.rejected[0].conflict, None);
+    }
+
+    #[test]
+    fn one_name_space_the_older_object_takes_the_name() {
+        for cilium_first in [false, true] {
+            let mut a = Allocator::new();
+            let c = |a: &mut Allocator, created| {
+                a.set_cilium_pool_created("default", &cidrs(&["10.0.1.0/30"]), Some(created))
+            };
+            let m = |a: &mut Allocator, created| {
+                a.set_pool_created("default", &pool_spec(&["10.0.0.0/30"]), Some(created))
+            };
+            // Arrival in the other order than creation.
+            if cilium_first {
+                m(&mut a, 2);
+                c(&mut a, 1);
+            } else {
+                c(&mut a, 2);
+                m(&mut a, 1);
+            }
+            let (older, newer) = if cilium_first {
+                (PoolKind::CiliumLoadBalancerIPPool, PoolKind::IPAddressPool)
+            } else {
+                (PoolKind::IPAddressPool, PoolKind::CiliumLoadBalancerIPPool)
+            };
+            let rejected = a.rejected_pools();
+            assert_eq!(rejected.len(), 1, "{rejected:?}");
+            assert_eq!(rejected[0].kind, newer);
+            assert_eq!(
+                rejected[0].reason,
+                format!("name \"default\" is taken by the older {older} \"default\"")
+            );
+            assert_eq!(a.pool("default").unwrap().kind, older);
+            let first = one(&mut a, &svc("ns/a"));
+            a.check_invariants().unwrap();
+            // Deleting the newer changes nothing for the older's holders.
+            let change = a.remove_pool_of(newer, "default");
+            assert!(change.released.is_empty());
+            assert_eq!(a.holding("ns/a").unwrap().ips, ips(&[first.as_str()]));
+            // Back, then the older goes: the newer takes the name.
+            if cilium_first {
+                m(&mut a, 2)
+            } else {
+                c(&mut a, 2)
+            };
+            assert_eq!(a.rejected_pools().len(), 1);
+            let change = a.remove_pool_of(older, "default");
+            assert_eq!(change.released.len(), 1);
+            assert!(a.rejected_pools().is_empty());
+            assert_eq!(a.pool("default").unwrap().kind, newer);
+            a.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
+    fn address_pool_names_ipaddresspools_only() {
+        let mut a = Allocator::new();
+        a.set_cilium_pool("c", &cidrs(&["10.0.0.0/30"]));
+        let err = alloc(&mut a, &svc("ns/a").in_pool("c")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown pool \"c\" (a CiliumLoadBalancerIPPool \"c\" exists; Cilium pools are chosen by their serviceSelector)"
+        );
+        assert_eq!(
+            alloc(&mut a, &svc("ns/a").in_pool("c").asking(&["10.0.0.1"])),
+            Err(AllocError::CiliumPoolNamed { pool: "c".into() })
+        );
+        // A rejected Cilium pool of that name gives the same hint.
+        a.set_cilium_pool("r", &cidrs(&["10.0.0.0/30"]));
+        assert!(matches!(
+            alloc(&mut a, &svc("ns/a").in_pool("r")),
+            Err(AllocError::CiliumPoolNamed { .. })
+        ));
+    }
+
+    #[test]
+    fn candidate_order_selector_pools_with_pinned_ones_then_the_rest_by_name() {
+        let mut a = Allocator::new();
+        let selecting = CiliumLoadBalancerIPPoolSpec {
+            service_selector: Some(LabelSelectorSpec::default()),
+            ..cidrs(&["10.0.3.0/32"])
+        };
+        a.set_pool("a-open", &pool_spec(&["10.0.0.0/32"]));
+        a.set_cilium_pool("b-open", &cidrs(&["10.0.1.0/32"]));
+        a.set_cilium_pool("z-selecting", &selecting);
+        let mut pinned = pool_spec(&["10.0.2.0/32"]);
+        pinned.service_allocation = Some(ServiceAllocationSpec {
+            priority: Some(1),
+            ..Default::default()
+        });
+        a.set_pool("y-priority", &pinned);
+        let got: Vec<String> = (0..4)
+            .map(|i| one(&mut a, &svc(&format!("ns/s{i}"))))
+            .collect();
+        assert_eq!(got, ["10.0.2.0", "10.0.3.0", "10.0.0.0", "10.0.1.0"]);
+    }
+
+    #[test]
+    fn cilium_keys_share_across_namespaces_only_when_both_admit() {
+        let mut a = Allocator::new();
+        a.set_cilium_pool("p", &cidrs(&["10.0.0.0/30"]));
+        let first = svc("a/x").cilium_share("k", &[80]);
+        assert_eq!(one(&mut a, &first), "10.0.0.0");
+        // Same namespace: shares.
+        assert_eq!(
+            one(&mut a, &svc("a/y").cilium_share("k", &[81])),
+            "10.0.0.0"
+        );
+        // Another namespace, admitted by neither, by one side only: not shared.
+        assert_eq!(
+            one(&mut a, &svc("b/z").cilium_share("k", &[82])),
+            "10.0.0.1"
+        );
+        assert_eq!(
+            alloc(
+                &mut a,
+                &svc("b/w")
+                    .cilium_share("k", &[83])
+                    .admitting(&["a"])
+                    .asking(&["10.0.0.0"])
+            ),
+            Err(AllocError::Taken {
+                ip: ip("10.0.0.0"),
+                conflict: ShareConflict::Namespace {
+                    holder: "a/x".into()
+                }
+            })
+        );
+        // Both sides admit: a/x and a/y list b (one by "*").
+        a.release("b/z");
+        let x = svc("a/x").cilium_share("k", &[80]).admitting(&["b"]);
+        let y = svc("a/y").cilium_share("k", &[81]).admitting(&["*"]);
+        a.keep(&x.req(), &ips(&["10.0.0.0"])).unwrap();
+        a.keep(&y.req(), &ips(&["10.0.0.0"])).unwrap();
+        let w = svc("b/w").cilium_share("k", &[83]).admitting(&["a"]);
+        assert_eq!(one(&mut a, &w), "10.0.0.0");
+        // A newcomer of b that admits nobody is refused there.
+        assert_eq!(
+            one(&mut a, &svc("b/v").cilium_share("k", &[84])),
+            "10.0.0.1"
+        );
+        a.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn keys_of_the_two_rules_never_share() {
+        let mut a = Allocator::new();
+        a.set_pool("p", &pool_spec(&["10.0.0.0/30"]));
+        assert_eq!(one(&mut a, &svc("ns/m").share("k", &[80])), "10.0.0.0");
+        assert_eq!(
+            one(&mut a, &svc("ns/c").cilium_share("k", &[81])),
+            "10.0.0.1"
+        );
+        assert_eq!(
+            alloc(
+                &mut a,
+                &svc("ns/d").cilium_share("k", &[82]).asking(&["10.0.0.0"])
+            ),
+            Err(AllocError::Taken {
+                ip: ip("10.0.0.0"),
+                conflict: ShareConflict::OtherKey {
+                    holder: "ns/m".into()
+                }
+            })
+        );
+        // MetalLB keys keep sharing across namespaces by default.
+        assert_eq!(one(&mut a, &svc("other/m2").share("k", &[81])), "10.0.0.0");
+    }
+
+    #[test]
+    fn a_cilium_key_joins_its_group_before_a_free_address() {
+        let mut a = Allocator::new();
+        a.set_pool("a", &pool_spec(&["10.0.0.0/29"]));
+        for i in 0..3 {
+            one(&mut a, &svc(&format!("ns/s{i}")));
+        }
+        assert_eq!(
+            one(&mut a, &svc("ns/c1").cilium_share("k", &[80])),
+            "10.0.0.3"
+        );
+        assert_eq!(one(&mut a, &svc("ns/m1").share("k", &[80])), "10.0.0.4");
+        a.release("ns/s0");
+        // MetalLB: the lowest fitting address, free or stacked.
+        assert_eq!(one(&mut a, &svc("ns/m2").share("k", &[81])), "10.0.0.0");
+        // Cilium: its group's address first, although .0 is lower.
+        a.release("ns/m2");
+        assert_eq!(
+            one(&mut a, &svc("ns/c2").cilium_share("k", &[81])),
+            "10.0.0.3"
+        );
+        // Across pools too: the group stands in the later pool "b".
+        a.set_pool("b", &pool_spec(&["10.0.1.0/30"]));
+        let c3 = svc("ns/c3").cilium_share("j", &[80]).asking(&["10.0.1.2"]);
+        alloc(&mut a, &c3).unwrap();
+        assert_eq!(
+            one(&mut a, &svc("ns/c4").cilium_share("j", &[81])),
+            "10.0.1.2"
+        );
+        // A port clash sends it to a free address.
+        assert_eq!(
+            one(&mut a, &svc("ns/c5").cilium_share("j", &[80])),
+            "10.0.0.0"
+        );
     }
 }
