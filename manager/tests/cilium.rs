@@ -871,6 +871,8 @@ mod mixed_order {
                 .and_then(|a| a.get(POOL_ANNOTATION).cloned())
         };
         assert_eq!(pool_of("ns/s2").as_deref(), Some("b-pinned"));
+        // None for a Cilium pool's, as Cilium writes none (docs/cilium.md §5).
+        assert_eq!(pool_of("ns/s3"), None);
     }
 
     /// `metallb.io/address-pool` names IPAddressPools only (docs/cilium.md
@@ -927,5 +929,58 @@ mod mixed_order {
         );
         h.add(svc("ns/b")).await;
         assert_eq!(h.ips("ns/b"), "10.0.10.17");
+    }
+}
+
+mod families {
+    use super::*;
+
+    /// A PreferDualStack Service half-served: Cilium's reason for the
+    /// missing family (docs/cilium.md §3.5, §3.6).
+    #[tokio::test]
+    async fn half_served_prefer_dual_stack_is_unsatisfied() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        let dual = |key: &str| {
+            svc(key)
+                .set(&["spec", "clusterIPs"], json!(["10.96.0.11", "fd96::11"]))
+                .set(&["spec", "ipFamilies"], json!(["IPv4", "IPv6"]))
+                .set(&["spec", "ipFamilyPolicy"], json!("PreferDualStack"))
+        };
+        h.add(dual("ns/a")).await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.0");
+        assert_eq!(h.cilium("ns/a"), NO_POOL);
+        // Its pool has IPv6 addresses, none free.
+        h.cilium_pool("c", blocks(&["10.0.10.0/24", "fd00:10::1/128"]))
+            .await;
+        h.add(dual("ns/b")).await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.0 fd00:10::1");
+        assert_eq!(h.cilium("ns/a"), SATISFIED);
+        assert_eq!(h.ips("ns/b"), "10.0.10.1");
+        assert_eq!(
+            h.cilium("ns/b"),
+            "False out_of_ips: All enabled CiliumLoadBalancerIPPools that match this service \
+             ran out of allocatable IPs"
+        );
+    }
+
+    /// Requested addresses of two families from two Cilium pools
+    /// (docs/cilium.md §4.3 item 4).
+    #[tokio::test]
+    #[ignore = "the allocator holds one pool per Service: addresses requested \
+                through lbipam.cilium.io/ips in two pools are refused (DifferentPools)"]
+    async fn requested_pair_from_two_cilium_pools() {
+        let h = Harness::new().await;
+        h.cilium_pool("c4", blocks(&["10.0.10.0/24"])).await;
+        h.cilium_pool("c6", blocks(&["fd00:10::/120"])).await;
+        h.add(
+            svc("ns/a")
+                .cilium_ips("10.0.10.5,fd00:10::5")
+                .set(&["spec", "clusterIPs"], json!(["10.96.0.11", "fd96::11"]))
+                .set(&["spec", "ipFamilyPolicy"], json!("RequireDualStack")),
+        )
+        .await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.5 fd00:10::5");
+        assert_eq!(h.cilium("ns/a"), SATISFIED);
     }
 }

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use allocator::{
-    AllocError, Allocator, Family, FamilyPolicy, Holding as AllocatorHolding, PoolChange, Port,
-    Request,
+    AllocError, Allocator, Family, FamilyPolicy, Holding as AllocatorHolding, PoolChange, PoolKind,
+    Port, Request,
 };
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -213,7 +213,7 @@ impl State {
             })
         };
         !incomplete(families, ips, requested)
-            && pool_annotation(service) == Some(pool)
+            && pool_annotation(service) == annotated_pool(&self.allocator, pool)
             && status_shows(service, ips)
             && (!with_condition || shows_condition())
             && (!with_cilium_condition || shows_cilium())
@@ -482,7 +482,13 @@ impl AllocatingController {
         } else {
             CiliumConditionChange::Keep
         };
-        let write = desired_write(service, after.as_ref(), condition, cilium);
+        let write = desired_write(
+            service,
+            after.as_ref(),
+            annotated_pool(&state.allocator, after.as_ref().map_or("", |h| &h.pool)),
+            condition,
+            cilium,
+        );
         // Announced with a write of the addresses or pool (§4.2), not of
         // the condition alone.
         let moves = write.as_ref().is_some_and(|w| {
@@ -745,6 +751,7 @@ fn announce_warning(
 fn desired_write(
     service: &Service,
     after: Option<&AllocatorHolding>,
+    pool: Option<&str>,
     condition: Option<ServiceCondition>,
     cilium_condition: CiliumConditionChange,
 ) -> Option<ServiceWrite> {
@@ -758,16 +765,26 @@ fn desired_write(
         CiliumConditionChange::Remove => CiliumCondition::find(service).is_none(),
     };
     let shows = status_shows(service, after.map_or(&[], |h| &h.ips))
-        && pool_annotation(service) == after.map(|h| h.pool.as_str())
+        && pool_annotation(service) == pool
         && condition.as_ref().is_none_or(|c| c.is_shown(service))
         && shows_cilium;
     (!shows).then(|| ServiceWrite {
         ingress: after.map(|h| h.ips.clone()).unwrap_or_default(),
-        pool: after.map(|h| h.pool.clone()),
+        pool: pool.map(str::to_owned),
         // Without conditions, what the Service shows stays.
         condition: condition.or_else(|| ServiceCondition::shown(service)),
         cilium_condition,
     })
+}
+
+/// The `metallb.io/ip-allocated-from-pool` annotation for addresses held
+/// in the pool `name`: an `IPAddressPool`'s name; none for a Cilium pool,
+/// as Cilium writes no such annotation (docs/cilium.md §5).
+fn annotated_pool<'a>(allocator: &Allocator, name: &'a str) -> Option<&'a str> {
+    allocator
+        .pool(name)
+        .is_some_and(|pool| pool.kind == PoolKind::IPAddressPool)
+        .then_some(name)
 }
 
 /// Cilium's reason while a Service holds all it asked for.
