@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use allocator::{
     AllocError, Allocator, Family, FamilyPolicy, Holding as AllocatorHolding, PoolChange, PoolKind,
-    Port, Request,
+    Port, Request, SharingNamespaces,
 };
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -1056,6 +1056,18 @@ fn demand_class(error: &AllocError, request: &Request<'_>) -> Option<u64> {
     };
     ports.sort();
     let backend_key = if sharing { request.backend_key } else { "" };
+    // Whom it may share with: the key's rule, and the namespaces it admits
+    // besides its own (docs/cilium.md §3.4).
+    let sharing_with = match request.sharing_namespaces {
+        SharingNamespaces::Listed(listed) if sharing => Some((
+            request.sharing_rule,
+            request.subject.namespace,
+            listed.to_vec(),
+        )),
+        SharingNamespaces::Any | SharingNamespaces::Listed(_) => {
+            sharing.then_some((request.sharing_rule, "", Vec::new()))
+        }
+    };
     // The message names the pools tried: the candidates the Service's
     // namespace and labels select.
     Some(class_of(&(
@@ -1065,6 +1077,7 @@ fn demand_class(error: &AllocError, request: &Request<'_>) -> Option<u64> {
         backend_key,
         ports,
         request.pool,
+        sharing_with,
     )))
 }
 
@@ -1120,6 +1133,10 @@ fn half_served_wait(
             view.sharing_key,
             &*view.backend_key,
             ports,
+            view.sharing_rule,
+            view.sharing_namespaces
+                .as_ref()
+                .map(|listed| (view.namespace, listed)),
         ));
         return (Some(class), None);
     }
