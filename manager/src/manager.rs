@@ -13,10 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use subscriber::{
-    namespace_name, pool_name, service_key, Error, IPAddressPool, NamespaceHandler, PoolHandler,
-    ServiceHandler,
-};
+use subscriber::{Error, Handler, IPAddressPool, Keyed};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -919,15 +916,17 @@ impl<C: Controller> Manager<C> {
     }
 }
 
+/// Services: an update the controller calls settled may be left out (see
+/// `settled_update`); a delete forgets the key.
 #[async_trait]
-impl<C: Controller> ServiceHandler for Manager<C> {
-    async fn on_add_service(&self, service: &Service) -> Result<(), Error> {
-        self.service_event(service_key(service)?);
+impl<C: Controller> Handler<Service> for Manager<C> {
+    async fn on_add(&self, service: &Service) -> Result<(), Error> {
+        self.service_event(service.key()?);
         Ok(())
     }
 
-    async fn on_update_service(&self, old: &Service, new: &Service) -> Result<(), Error> {
-        let key = service_key(new)?;
+    async fn on_update(&self, old: &Service, new: &Service) -> Result<(), Error> {
+        let key = new.key()?;
         if self.inner.controller.is_settled_update(&key, old, new) && self.settled_update(&key) {
             return Ok(());
         }
@@ -935,8 +934,8 @@ impl<C: Controller> ServiceHandler for Manager<C> {
         Ok(())
     }
 
-    async fn on_delete_service(&self, service: &Service) -> Result<(), Error> {
-        let key = service_key(service)?;
+    async fn on_delete(&self, service: &Service) -> Result<(), Error> {
+        let key = service.key()?;
         let forget = key.clone();
         // Forgotten now, so a re-created Service is new at its next event
         // (first seen and waiting afresh).
@@ -948,39 +947,38 @@ impl<C: Controller> ServiceHandler for Manager<C> {
     }
 }
 
+/// Pools: every event queues the pool's name; the worker reads the pool
+/// (or its absence) from the store.
 #[async_trait]
-impl<C: Controller> PoolHandler for Manager<C> {
-    async fn on_add_pool(&self, pool: &IPAddressPool) -> Result<(), Error> {
-        self.push(QueueKey::Pool(pool_name(pool)?), |_| {});
+impl<C: Controller> Handler<IPAddressPool> for Manager<C> {
+    async fn on_add(&self, pool: &IPAddressPool) -> Result<(), Error> {
+        self.push(QueueKey::Pool(pool.key()?), |_| {});
         Ok(())
     }
 
-    async fn on_update_pool(&self, _old: &IPAddressPool, new: &IPAddressPool) -> Result<(), Error> {
-        self.push(QueueKey::Pool(pool_name(new)?), |_| {});
-        Ok(())
+    async fn on_update(&self, _old: &IPAddressPool, new: &IPAddressPool) -> Result<(), Error> {
+        self.on_add(new).await
     }
 
-    async fn on_delete_pool(&self, pool: &IPAddressPool) -> Result<(), Error> {
-        self.push(QueueKey::Pool(pool_name(pool)?), |_| {});
-        Ok(())
+    async fn on_delete(&self, pool: &IPAddressPool) -> Result<(), Error> {
+        self.on_add(pool).await
     }
 }
 
+/// Namespaces: as pools, by name.
 #[async_trait]
-impl<C: Controller> NamespaceHandler for Manager<C> {
-    async fn on_add_namespace(&self, namespace: &Namespace) -> Result<(), Error> {
-        self.push(QueueKey::Namespace(namespace_name(namespace)?), |_| {});
+impl<C: Controller> Handler<Namespace> for Manager<C> {
+    async fn on_add(&self, namespace: &Namespace) -> Result<(), Error> {
+        self.push(QueueKey::Namespace(namespace.key()?), |_| {});
         Ok(())
     }
 
-    async fn on_update_namespace(&self, _old: &Namespace, new: &Namespace) -> Result<(), Error> {
-        self.push(QueueKey::Namespace(namespace_name(new)?), |_| {});
-        Ok(())
+    async fn on_update(&self, _old: &Namespace, new: &Namespace) -> Result<(), Error> {
+        self.on_add(new).await
     }
 
-    async fn on_delete_namespace(&self, namespace: &Namespace) -> Result<(), Error> {
-        self.push(QueueKey::Namespace(namespace_name(namespace)?), |_| {});
-        Ok(())
+    async fn on_delete(&self, namespace: &Namespace) -> Result<(), Error> {
+        self.on_add(namespace).await
     }
 }
 
@@ -1146,23 +1144,17 @@ mod tests {
             self.store
                 .services
                 .insert(key.into(), Arc::new(service.clone()));
-            self.manager.on_add_service(&service).await.unwrap();
+            self.manager.on_add(&service).await.unwrap();
         }
 
         async fn update(&self, key: &str) {
             let service = service(key, false);
-            self.manager
-                .on_update_service(&service, &service)
-                .await
-                .unwrap();
+            self.manager.on_update(&service, &service).await.unwrap();
         }
 
         async fn delete(&self, key: &str) {
             self.store.services.remove(key);
-            self.manager
-                .on_delete_service(&service(key, false))
-                .await
-                .unwrap();
+            self.manager.on_delete(&service(key, false)).await.unwrap();
         }
 
         async fn add_pool(&self, name: &str) {
@@ -1174,7 +1166,7 @@ mod tests {
                 ..Default::default()
             };
             self.store.pools.insert(name.into(), Arc::new(pool.clone()));
-            self.manager.on_add_pool(&pool).await.unwrap();
+            self.manager.on_add(&pool).await.unwrap();
         }
 
         async fn add_namespace(&self, name: &str) {
@@ -1188,7 +1180,7 @@ mod tests {
             self.store
                 .namespaces
                 .insert(name.into(), Arc::new(namespace.clone()));
-            self.manager.on_add_namespace(&namespace).await.unwrap();
+            self.manager.on_add(&namespace).await.unwrap();
         }
 
         fn script(&self, key: &str, outcomes: impl IntoIterator<Item = SyncOutcome>) {
@@ -1787,24 +1779,16 @@ mod tests {
         let h = harness(ManagerConfig::default());
         let _worker = h.synced().await;
         let nameless = Service::default();
-        let error = h.manager.on_add_service(&nameless).await.unwrap_err();
+        let error = h.manager.on_add(&nameless).await.unwrap_err();
         assert!(matches!(error, Error::MissingName { kind: "Service" }));
         let mut no_namespace = service("ns/a", false);
         no_namespace.metadata.namespace = None;
-        let error = h
-            .manager
-            .on_delete_service(&no_namespace)
-            .await
-            .unwrap_err();
+        let error = h.manager.on_delete(&no_namespace).await.unwrap_err();
         assert!(matches!(error, Error::MissingNamespace { .. }));
+        assert!(h.manager.on_add(&IPAddressPool::default()).await.is_err());
         assert!(h
             .manager
-            .on_add_pool(&IPAddressPool::default())
-            .await
-            .is_err());
-        assert!(h
-            .manager
-            .on_update_namespace(&Namespace::default(), &Namespace::default())
+            .on_update(&Namespace::default(), &Namespace::default())
             .await
             .is_err());
         h.manager.idle().await;

@@ -27,7 +27,7 @@ use manager::{
     Manager, ManagerConfig, ServiceCondition, ServiceWrite, CONDITION_TYPE, POOL_ANNOTATION,
 };
 use serde_json::{json, Value};
-use subscriber::{IPAddressPool, NamespaceHandler, PoolHandler, ServiceHandler};
+use subscriber::{Handler, IPAddressPool};
 use tokio_util::sync::CancellationToken;
 
 // ----- the recording client -----
@@ -53,7 +53,7 @@ enum Record {
 }
 
 /// Applies writes to the shared cache, echoes them to the manager as
-/// `on_update_service(old, new)`, records writes and events in order, and
+/// `on_update(old, new)`, records writes and events in order, and
 /// fails every `fail_every`th write attempt with a conflict.
 struct RecordingClient {
     store: Arc<DashMapStore>,
@@ -143,7 +143,7 @@ impl Client for RecordingClient {
         }
         let manager = self.manager.lock().unwrap().clone();
         if let Some(manager) = manager {
-            manager.on_update_service(&old, &new).await.unwrap();
+            manager.on_update(&*old, &new).await.unwrap();
         }
         Ok(())
     }
@@ -453,8 +453,8 @@ impl Harness {
             .services
             .insert(svc.key(), Arc::new(service.clone()));
         match old {
-            Some(old) => self.manager.on_update_service(&old, &service).await,
-            None => self.manager.on_add_service(&service).await,
+            Some(old) => self.manager.on_update(&*old, &service).await,
+            None => self.manager.on_add(&service).await,
         }
         .unwrap();
         self.settle().await;
@@ -474,7 +474,7 @@ impl Harness {
     async fn recreate(&self, svc: Svc) {
         let key = svc.key();
         let (_, old) = self.store.services.remove(&key).expect("no such service");
-        self.manager.on_delete_service(&old).await.unwrap();
+        self.manager.on_delete(&*old).await.unwrap();
         let mut service = svc.build();
         // A re-created object has a new uid, as the API server gives it.
         service.metadata.uid = Some(format!(
@@ -482,13 +482,13 @@ impl Harness {
             old.metadata.uid.clone().unwrap_or_default()
         ));
         self.store.services.insert(key, Arc::new(service.clone()));
-        self.manager.on_add_service(&service).await.unwrap();
+        self.manager.on_add(&service).await.unwrap();
         self.settle().await;
     }
 
     async fn delete(&self, key: &str) {
         let (_, old) = self.store.services.remove(key).expect("no such service");
-        self.manager.on_delete_service(&old).await.unwrap();
+        self.manager.on_delete(&*old).await.unwrap();
         self.settle().await;
     }
 
@@ -508,8 +508,8 @@ impl Harness {
         .unwrap();
         let old = self.store.pools.insert(name.into(), Arc::new(pool.clone()));
         match old {
-            Some(old) => self.manager.on_update_pool(&old, &pool).await,
-            None => self.manager.on_add_pool(&pool).await,
+            Some(old) => self.manager.on_update(&*old, &pool).await,
+            None => self.manager.on_add(&pool).await,
         }
         .unwrap();
         self.settle().await;
@@ -517,7 +517,7 @@ impl Harness {
 
     async fn delete_pool(&self, name: &str) {
         let (_, old) = self.store.pools.remove(name).expect("no such pool");
-        self.manager.on_delete_pool(&old).await.unwrap();
+        self.manager.on_delete(&*old).await.unwrap();
         self.settle().await;
     }
 
@@ -535,8 +535,8 @@ impl Harness {
             .namespaces
             .insert(name.into(), Arc::new(namespace.clone()));
         match old {
-            Some(old) => self.manager.on_update_namespace(&old, &namespace).await,
-            None => self.manager.on_add_namespace(&namespace).await,
+            Some(old) => self.manager.on_update(&*old, &namespace).await,
+            None => self.manager.on_add(&namespace).await,
         }
         .unwrap();
         self.settle().await;

@@ -5,27 +5,19 @@ use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Namespace, Service};
 
-use crate::{ChainError, Error, IPAddressPool, NamespaceHandler, PoolHandler, ServiceHandler};
+use crate::{ChainError, Error, Handler};
 
-/// A list of named handlers that is itself a handler: each event is passed to
-/// every handler in registration order, one at a time. A failing handler does
-/// not stop the others; the chain returns one [`Error::Chain`] that lists
-/// every failure with the handler's registration index and name. A chain can
-/// be registered in another chain.
-pub struct Chain<H: ?Sized> {
-    handlers: Vec<(String, Arc<H>)>,
+/// A list of named handlers of one kind `K` that is itself a handler: each
+/// event is passed to every handler in registration order, one at a time. A
+/// failing handler does not stop the others; the chain returns one
+/// [`Error::Chain`] that lists every failure with the handler's registration
+/// index and name. A chain can be registered in another chain.
+pub struct Chain<K: Send + Sync + 'static> {
+    handlers: Vec<(String, Arc<dyn Handler<K>>)>,
 }
 
-/// A chain of [`ServiceHandler`]s.
-pub type ServiceChain = Chain<dyn ServiceHandler>;
-/// A chain of [`PoolHandler`]s.
-pub type PoolChain = Chain<dyn PoolHandler>;
-/// A chain of [`NamespaceHandler`]s.
-pub type NamespaceChain = Chain<dyn NamespaceHandler>;
-
-impl<H: ?Sized> Chain<H> {
+impl<K: Send + Sync + 'static> Chain<K> {
     pub fn new() -> Self {
         Self {
             handlers: Vec::new(),
@@ -33,7 +25,7 @@ impl<H: ?Sized> Chain<H> {
     }
 
     /// Adds `handler` at the end; `name` identifies it in errors.
-    pub fn register(&mut self, name: impl Into<String>, handler: Arc<H>) {
+    pub fn register(&mut self, name: impl Into<String>, handler: Arc<dyn Handler<K>>) {
         self.handlers.push((name.into(), handler));
     }
 
@@ -47,12 +39,12 @@ impl<H: ?Sized> Chain<H> {
 
     async fn fan_out<'a, F, Fut>(&'a self, call: F) -> Result<(), Error>
     where
-        F: Fn(&'a H) -> Fut,
+        F: Fn(&'a dyn Handler<K>) -> Fut,
         Fut: Future<Output = Result<(), Error>>,
     {
         let mut failures = Vec::new();
         for (index, (name, handler)) in self.handlers.iter().enumerate() {
-            if let Err(error) = call(handler).await {
+            if let Err(error) = call(handler.as_ref()).await {
                 failures.push((index, name.clone(), error));
             }
         }
@@ -64,13 +56,13 @@ impl<H: ?Sized> Chain<H> {
     }
 }
 
-impl<H: ?Sized> Default for Chain<H> {
+impl<K: Send + Sync + 'static> Default for Chain<K> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<H: ?Sized> fmt::Debug for Chain<H> {
+impl<K: Send + Sync + 'static> fmt::Debug for Chain<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list()
             .entries(self.handlers.iter().map(|(name, _)| name))
@@ -79,41 +71,15 @@ impl<H: ?Sized> fmt::Debug for Chain<H> {
 }
 
 #[async_trait]
-impl ServiceHandler for ServiceChain {
-    async fn on_add_service(&self, service: &Service) -> Result<(), Error> {
-        self.fan_out(|h| h.on_add_service(service)).await
+impl<K: Send + Sync + 'static> Handler<K> for Chain<K> {
+    async fn on_add(&self, object: &K) -> Result<(), Error> {
+        self.fan_out(|h| h.on_add(object)).await
     }
-    async fn on_update_service(&self, old: &Service, new: &Service) -> Result<(), Error> {
-        self.fan_out(|h| h.on_update_service(old, new)).await
+    async fn on_update(&self, old: &K, new: &K) -> Result<(), Error> {
+        self.fan_out(|h| h.on_update(old, new)).await
     }
-    async fn on_delete_service(&self, service: &Service) -> Result<(), Error> {
-        self.fan_out(|h| h.on_delete_service(service)).await
-    }
-}
-
-#[async_trait]
-impl PoolHandler for PoolChain {
-    async fn on_add_pool(&self, pool: &IPAddressPool) -> Result<(), Error> {
-        self.fan_out(|h| h.on_add_pool(pool)).await
-    }
-    async fn on_update_pool(&self, old: &IPAddressPool, new: &IPAddressPool) -> Result<(), Error> {
-        self.fan_out(|h| h.on_update_pool(old, new)).await
-    }
-    async fn on_delete_pool(&self, pool: &IPAddressPool) -> Result<(), Error> {
-        self.fan_out(|h| h.on_delete_pool(pool)).await
-    }
-}
-
-#[async_trait]
-impl NamespaceHandler for NamespaceChain {
-    async fn on_add_namespace(&self, namespace: &Namespace) -> Result<(), Error> {
-        self.fan_out(|h| h.on_add_namespace(namespace)).await
-    }
-    async fn on_update_namespace(&self, old: &Namespace, new: &Namespace) -> Result<(), Error> {
-        self.fan_out(|h| h.on_update_namespace(old, new)).await
-    }
-    async fn on_delete_namespace(&self, namespace: &Namespace) -> Result<(), Error> {
-        self.fan_out(|h| h.on_delete_namespace(namespace)).await
+    async fn on_delete(&self, object: &K) -> Result<(), Error> {
+        self.fan_out(|h| h.on_delete(object)).await
     }
 }
 
@@ -121,10 +87,11 @@ impl NamespaceHandler for NamespaceChain {
 mod tests {
     use std::sync::Mutex;
 
+    use k8s_openapi::api::core::v1::{Namespace, Service};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
-    use crate::{namespace_name, pool_name, service_key};
+    use crate::{IPAddressPool, Keyed};
 
     /// Records `name:event:key` into a shared log; fails when `fail` is set.
     struct Recorder {
@@ -151,41 +118,15 @@ mod tests {
     }
 
     #[async_trait]
-    impl ServiceHandler for Recorder {
-        async fn on_add_service(&self, s: &Service) -> Result<(), Error> {
-            self.record("add", service_key(s))
+    impl<K: Keyed + Send + Sync + 'static> Handler<K> for Recorder {
+        async fn on_add(&self, object: &K) -> Result<(), Error> {
+            self.record("add", object.key())
         }
-        async fn on_update_service(&self, _: &Service, s: &Service) -> Result<(), Error> {
-            self.record("update", service_key(s))
+        async fn on_update(&self, _: &K, new: &K) -> Result<(), Error> {
+            self.record("update", new.key())
         }
-        async fn on_delete_service(&self, s: &Service) -> Result<(), Error> {
-            self.record("delete", service_key(s))
-        }
-    }
-
-    #[async_trait]
-    impl PoolHandler for Recorder {
-        async fn on_add_pool(&self, p: &IPAddressPool) -> Result<(), Error> {
-            self.record("add", pool_name(p))
-        }
-        async fn on_update_pool(&self, _: &IPAddressPool, p: &IPAddressPool) -> Result<(), Error> {
-            self.record("update", pool_name(p))
-        }
-        async fn on_delete_pool(&self, p: &IPAddressPool) -> Result<(), Error> {
-            self.record("delete", pool_name(p))
-        }
-    }
-
-    #[async_trait]
-    impl NamespaceHandler for Recorder {
-        async fn on_add_namespace(&self, n: &Namespace) -> Result<(), Error> {
-            self.record("add", namespace_name(n))
-        }
-        async fn on_update_namespace(&self, _: &Namespace, n: &Namespace) -> Result<(), Error> {
-            self.record("update", namespace_name(n))
-        }
-        async fn on_delete_namespace(&self, n: &Namespace) -> Result<(), Error> {
-            self.record("delete", namespace_name(n))
+        async fn on_delete(&self, object: &K) -> Result<(), Error> {
+            self.record("delete", object.key())
         }
     }
 
@@ -214,9 +155,11 @@ mod tests {
         (recorders, log)
     }
 
-    fn service_chain(failing: &[&str]) -> (ServiceChain, Arc<Mutex<Vec<String>>>) {
+    fn chain<K: Keyed + Send + Sync + 'static>(
+        failing: &[&str],
+    ) -> (Chain<K>, Arc<Mutex<Vec<String>>>) {
         let (recorders, log) = recorders(failing);
-        let mut chain = ServiceChain::new();
+        let mut chain = Chain::new();
         for recorder in recorders {
             chain.register(recorder.name, recorder);
         }
@@ -225,15 +168,15 @@ mod tests {
 
     #[tokio::test]
     async fn calls_every_handler_in_registration_order() {
-        let (chain, log) = service_chain(&[]);
+        let (chain, log) = chain::<Service>(&[]);
         assert_eq!(chain.len(), 3);
         let service = Service {
             metadata: meta("web"),
             ..Service::default()
         };
-        chain.on_add_service(&service).await.unwrap();
-        chain.on_update_service(&service, &service).await.unwrap();
-        chain.on_delete_service(&service).await.unwrap();
+        chain.on_add(&service).await.unwrap();
+        chain.on_update(&service, &service).await.unwrap();
+        chain.on_delete(&service).await.unwrap();
         let expected: Vec<String> = ["add", "update", "delete"]
             .iter()
             .flat_map(|event| ["a", "b", "c"].map(|h| format!("{h}:{event}:ns/web")))
@@ -243,12 +186,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_failure_stops_no_one_and_every_failure_is_reported() {
-        let (chain, log) = service_chain(&["a", "c"]);
+        let (chain, log) = chain::<Service>(&["a", "c"]);
         let service = Service {
             metadata: meta("web"),
             ..Service::default()
         };
-        let error = chain.on_add_service(&service).await.unwrap_err();
+        let error = chain.on_add(&service).await.unwrap_err();
         assert_eq!(
             *log.lock().unwrap(),
             ["a:add:ns/web", "b:add:ns/web", "c:add:ns/web"]
@@ -271,8 +214,8 @@ mod tests {
 
     #[tokio::test]
     async fn bad_metadata_is_an_error_of_each_handler() {
-        let (chain, log) = service_chain(&[]);
-        let error = chain.on_add_service(&Service::default()).await.unwrap_err();
+        let (chain, log) = chain::<Service>(&[]);
+        let error = chain.on_add(&Service::default()).await.unwrap_err();
         let Error::Chain(chain_error) = error else {
             panic!("not a chain error")
         };
@@ -287,23 +230,20 @@ mod tests {
     #[tokio::test]
     async fn pool_and_namespace_chains_fan_out_and_nest() {
         let (recorders, log) = recorders(&["b"]);
-        let mut pools = PoolChain::new();
-        let mut namespaces = NamespaceChain::default();
+        let mut pools = Chain::<IPAddressPool>::new();
+        let mut namespaces = Chain::<Namespace>::default();
         assert!(pools.is_empty() && namespaces.is_empty());
         for recorder in &recorders {
-            pools.register(recorder.name, Arc::clone(recorder) as Arc<dyn PoolHandler>);
-            namespaces.register(
-                recorder.name,
-                Arc::clone(recorder) as Arc<dyn NamespaceHandler>,
-            );
+            pools.register(recorder.name, Arc::clone(recorder) as Arc<dyn Handler<_>>);
+            namespaces.register(recorder.name, Arc::clone(recorder) as Arc<dyn Handler<_>>);
         }
-        let mut outer = PoolChain::new();
+        let mut outer = Chain::new();
         outer.register("inner", Arc::new(pools));
         let pool = IPAddressPool {
             metadata: meta("p"),
             ..IPAddressPool::default()
         };
-        let error = outer.on_update_pool(&pool, &pool).await.unwrap_err();
+        let error = outer.on_update(&pool, &pool).await.unwrap_err();
         assert!(error
             .to_string()
             .starts_with("1 handler(s) failed; #0 \"inner\": 1 handler(s)"));
@@ -311,7 +251,7 @@ mod tests {
             metadata: meta("n"),
             ..Namespace::default()
         };
-        assert!(namespaces.on_delete_namespace(&namespace).await.is_err());
+        assert!(namespaces.on_delete(&namespace).await.is_err());
         assert_eq!(
             *log.lock().unwrap(),
             [

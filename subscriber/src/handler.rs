@@ -1,4 +1,4 @@
-//! The handler traits and the keys that identify the objects they handle.
+//! The one handler shape, and the keys that identify the objects it handles.
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -6,59 +6,70 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::{Error, IPAddressPool};
 
-/// Receives Service events. Implementations should be cheap (queue the work,
-/// do no I/O): a chain calls its handlers one after the other.
+/// Receives the events of one kind `K` (a Service, a pool, a Namespace):
+/// the same three calls for every kind, as a watch delivers them.
+/// Implementations should be cheap (queue the work, do no I/O): a chain
+/// calls its handlers one after the other.
 #[async_trait]
-pub trait ServiceHandler: Send + Sync {
-    /// A Service appeared.
-    async fn on_add_service(&self, service: &Service) -> Result<(), Error>;
-    /// A Service changed from `old` to `new`.
-    async fn on_update_service(&self, old: &Service, new: &Service) -> Result<(), Error>;
-    /// A Service is gone; `service` is its last known state.
-    async fn on_delete_service(&self, service: &Service) -> Result<(), Error>;
+pub trait Handler<K: Send + Sync + 'static>: Send + Sync {
+    /// An object appeared.
+    async fn on_add(&self, object: &K) -> Result<(), Error>;
+    /// An object changed from `old` to `new`.
+    async fn on_update(&self, old: &K, new: &K) -> Result<(), Error>;
+    /// An object is gone; `object` is its last known state.
+    async fn on_delete(&self, object: &K) -> Result<(), Error>;
 }
 
-/// Receives `IPAddressPool` events; the same shape as [`ServiceHandler`].
-#[async_trait]
-pub trait PoolHandler: Send + Sync {
-    /// A pool appeared.
-    async fn on_add_pool(&self, pool: &IPAddressPool) -> Result<(), Error>;
-    /// A pool changed from `old` to `new`.
-    async fn on_update_pool(&self, old: &IPAddressPool, new: &IPAddressPool) -> Result<(), Error>;
-    /// A pool is gone; `pool` is its last known state.
-    async fn on_delete_pool(&self, pool: &IPAddressPool) -> Result<(), Error>;
-}
+/// A kind whose objects have a key, the name handlers know them by. The key
+/// is the name unless the kind says otherwise (a Service's is
+/// `namespace/name`); an object without one is an error, never a panic.
+pub trait Keyed {
+    /// The kind, as errors name it (e.g. `Service`).
+    const KIND: &'static str;
 
-/// Receives Namespace events; the same shape as [`ServiceHandler`].
-#[async_trait]
-pub trait NamespaceHandler: Send + Sync {
-    /// A Namespace appeared.
-    async fn on_add_namespace(&self, namespace: &Namespace) -> Result<(), Error>;
-    /// A Namespace changed from `old` to `new`.
-    async fn on_update_namespace(&self, old: &Namespace, new: &Namespace) -> Result<(), Error>;
-    /// A Namespace is gone; `namespace` is its last known state.
-    async fn on_delete_namespace(&self, namespace: &Namespace) -> Result<(), Error>;
-}
+    /// The object's metadata.
+    fn metadata(&self) -> &ObjectMeta;
 
-/// The key of a Service, `namespace/name` as in client-go.
-pub fn service_key(service: &Service) -> Result<String, Error> {
-    let name = name_of(&service.metadata, "Service")?;
-    match service.metadata.namespace.as_deref() {
-        Some(namespace) if !namespace.is_empty() => Ok(format!("{namespace}/{name}")),
-        _ => Err(Error::MissingNamespace {
-            name: name.to_owned(),
-        }),
+    /// The object's key: its `metadata.name` by default.
+    fn key(&self) -> Result<String, Error> {
+        name_of(self.metadata(), Self::KIND).map(str::to_owned)
     }
 }
 
-/// The name of a pool, its identity.
-pub fn pool_name(pool: &IPAddressPool) -> Result<String, Error> {
-    name_of(&pool.metadata, "IPAddressPool").map(str::to_owned)
+/// Keyed `namespace/name`, as in client-go.
+impl Keyed for Service {
+    const KIND: &'static str = "Service";
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn key(&self) -> Result<String, Error> {
+        let name = name_of(&self.metadata, Self::KIND)?;
+        match self.metadata.namespace.as_deref() {
+            Some(namespace) if !namespace.is_empty() => Ok(format!("{namespace}/{name}")),
+            _ => Err(Error::MissingNamespace {
+                name: name.to_owned(),
+            }),
+        }
+    }
 }
 
-/// The name of a Namespace.
-pub fn namespace_name(namespace: &Namespace) -> Result<String, Error> {
-    name_of(&namespace.metadata, "Namespace").map(str::to_owned)
+/// Keyed by name: the namespace a pool lives in does not matter.
+impl Keyed for IPAddressPool {
+    const KIND: &'static str = "IPAddressPool";
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+}
+
+impl Keyed for Namespace {
+    const KIND: &'static str = "Namespace";
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
 }
 
 fn name_of<'a>(metadata: &'a ObjectMeta, kind: &'static str) -> Result<&'a str, Error> {
@@ -89,23 +100,20 @@ mod tests {
 
     #[test]
     fn service_key_is_namespace_slash_name() {
-        assert_eq!(
-            service_key(&service(Some("ns"), Some("web"))).unwrap(),
-            "ns/web"
-        );
+        assert_eq!(service(Some("ns"), Some("web")).key().unwrap(), "ns/web");
     }
 
     #[test]
     fn service_without_name_or_namespace_has_no_key() {
         for name in [None, Some("")] {
-            let error = service_key(&service(Some("ns"), name)).unwrap_err();
+            let error = service(Some("ns"), name).key().unwrap_err();
             assert!(
                 matches!(error, Error::MissingName { kind: "Service" }),
                 "{error}"
             );
         }
         for namespace in [None, Some("")] {
-            let error = service_key(&service(namespace, Some("web"))).unwrap_err();
+            let error = service(namespace, Some("web")).key().unwrap_err();
             assert!(matches!(&error, Error::MissingNamespace { name } if name == "web"));
             assert_eq!(
                 error.to_string(),
@@ -115,13 +123,13 @@ mod tests {
     }
 
     #[test]
-    fn pool_and_namespace_names() {
+    fn pool_and_namespace_keys_are_their_names() {
         let pool = IPAddressPool {
             metadata: meta(Some("metallb"), Some("p")),
             ..Default::default()
         };
-        assert_eq!(pool_name(&pool).unwrap(), "p");
-        let error = pool_name(&IPAddressPool::default()).unwrap_err();
+        assert_eq!(pool.key().unwrap(), "p");
+        let error = IPAddressPool::default().key().unwrap_err();
         assert!(matches!(
             error,
             Error::MissingName {
@@ -133,8 +141,8 @@ mod tests {
             metadata: meta(None, Some("ns")),
             ..Default::default()
         };
-        assert_eq!(namespace_name(&namespace).unwrap(), "ns");
-        let error = namespace_name(&Namespace::default()).unwrap_err();
+        assert_eq!(namespace.key().unwrap(), "ns");
+        let error = Namespace::default().key().unwrap_err();
         assert!(matches!(error, Error::MissingName { kind: "Namespace" }));
         assert_eq!(
             error.to_string(),
