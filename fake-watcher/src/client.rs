@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Service;
 use manager::{Client, ClientError, Event, ServiceWrite};
 use serde::{Deserialize, Serialize};
-use subscriber::{ServiceChain, ServiceHandler};
+use subscriber::{Chain, Handler};
 use tokio::sync::watch;
 
 use crate::store::{Delta, ReplayStore};
@@ -160,7 +161,7 @@ pub struct MemoryClient {
     store: Arc<ReplayStore>,
     /// Set once the chain is built (the chain holds the manager, which holds
     /// the controller, which holds this client: weak, so no cycle).
-    services: OnceLock<Weak<ServiceChain>>,
+    services: OnceLock<Weak<Chain<Service>>>,
     failures: Option<FailurePlan>,
     log: Mutex<Log>,
     /// The highest write attempt number allowed.
@@ -229,7 +230,7 @@ impl MemoryClient {
 
     /// Connects the chain that the client's writes are delivered to; the
     /// first call wins.
-    pub fn deliver_to(&self, services: &Arc<ServiceChain>) {
+    pub fn deliver_to(&self, services: &Arc<Chain<Service>>) {
         let _ = self.services.set(Arc::downgrade(services));
     }
 
@@ -330,7 +331,7 @@ impl Client for MemoryClient {
         // Like a watch, deliver the write back; a handler's failure is the
         // handler's business, not the writer's.
         if let Some(chain) = self.services.get().and_then(Weak::upgrade) {
-            if let Err(error) = chain.on_update_service(&old, &new).await {
+            if let Err(error) = chain.on_update(&old, &new).await {
                 tracing::warn!(key, %error, "delivering a status write failed");
             }
         }

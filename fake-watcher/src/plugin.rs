@@ -5,10 +5,9 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use manager::{AllocatingController, Client, ControllerConfig, Manager, Store};
-use subscriber::{
-    NamespaceChain, NamespaceHandler, PoolChain, PoolHandler, ServiceChain, ServiceHandler,
-};
+use subscriber::{Chain, Handler, IPAddressPool};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -32,9 +31,9 @@ pub struct Plugin {
     pub client: Arc<MemoryClient>,
     pub controller: Arc<AllocatingController>,
     pub manager: Manager<AllocatingController>,
-    services: Arc<ServiceChain>,
-    pools: PoolChain,
-    namespaces: NamespaceChain,
+    services: Arc<Chain<Service>>,
+    pools: Chain<IPAddressPool>,
+    namespaces: Chain<Namespace>,
     cancel: CancellationToken,
     /// `None` once joined.
     worker: Option<JoinHandle<()>>,
@@ -73,12 +72,12 @@ impl Plugin {
             options.manager.clone(),
         );
         let handler = Arc::new(manager.clone());
-        let mut services = ServiceChain::new();
-        services.register("manager", Arc::clone(&handler) as Arc<dyn ServiceHandler>);
-        let mut pools = PoolChain::new();
-        pools.register("manager", Arc::clone(&handler) as Arc<dyn PoolHandler>);
-        let mut namespaces = NamespaceChain::new();
-        namespaces.register("manager", handler as Arc<dyn NamespaceHandler>);
+        let mut services = Chain::new();
+        services.register("manager", Arc::clone(&handler) as Arc<dyn Handler<_>>);
+        let mut pools = Chain::new();
+        pools.register("manager", Arc::clone(&handler) as Arc<dyn Handler<_>>);
+        let mut namespaces = Chain::new();
+        namespaces.register("manager", handler as Arc<dyn Handler<_>>);
         let services = Arc::new(services);
         client.deliver_to(&services);
         let cancel = CancellationToken::new();
@@ -99,24 +98,9 @@ impl Plugin {
     /// Delivers a store change to the chain of its kind, as a watch would.
     pub async fn deliver(&self, change: &Change) -> Result<(), subscriber::Error> {
         match change {
-            Change::Service(delta) => match delta {
-                Delta::Added(new) => self.services.on_add_service(new).await,
-                Delta::Updated { old, new } => self.services.on_update_service(old, new).await,
-                Delta::Deleted(old) => self.services.on_delete_service(old).await,
-                Delta::Unchanged => Ok(()),
-            },
-            Change::Pool(delta) => match delta {
-                Delta::Added(new) => self.pools.on_add_pool(new).await,
-                Delta::Updated { old, new } => self.pools.on_update_pool(old, new).await,
-                Delta::Deleted(old) => self.pools.on_delete_pool(old).await,
-                Delta::Unchanged => Ok(()),
-            },
-            Change::Namespace(delta) => match delta {
-                Delta::Added(new) => self.namespaces.on_add_namespace(new).await,
-                Delta::Updated { old, new } => self.namespaces.on_update_namespace(old, new).await,
-                Delta::Deleted(old) => self.namespaces.on_delete_namespace(old).await,
-                Delta::Unchanged => Ok(()),
-            },
+            Change::Service(delta) => deliver(self.services.as_ref(), delta).await,
+            Change::Pool(delta) => deliver(&self.pools, delta).await,
+            Change::Namespace(delta) => deliver(&self.namespaces, delta).await,
             Change::None => Ok(()),
         }
     }
@@ -151,5 +135,18 @@ impl Plugin {
             Some(worker) => worker.await.map_err(|error| error.to_string()),
             None => Ok(()),
         }
+    }
+}
+
+/// One store change of kind `K` as the handler call a watch would make.
+async fn deliver<K: Send + Sync + 'static>(
+    handler: &impl Handler<K>,
+    delta: &Delta<K>,
+) -> Result<(), subscriber::Error> {
+    match delta {
+        Delta::Added(new) => handler.on_add(new).await,
+        Delta::Updated { old, new } => handler.on_update(old, new).await,
+        Delta::Deleted(old) => handler.on_delete(old).await,
+        Delta::Unchanged => Ok(()),
     }
 }
