@@ -23,10 +23,7 @@ use kube::runtime::events::Reporter;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::ResourceExt;
 use manager::{AllocatingController, Client, ControllerConfig, Manager, ManagerConfig, Store};
-use subscriber::{
-    IPAddressPool, NamespaceChain, NamespaceHandler, PoolChain, PoolHandler, ServiceChain,
-    ServiceHandler,
-};
+use subscriber::{Chain, Handler, IPAddressPool};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -39,7 +36,7 @@ use crate::metrics::Metrics;
 use crate::pool_status::{PoolStatusWriter, POOL_STATUS_PERIOD};
 use crate::retry::{with_backoff, WatchBackoff};
 use crate::store::KubeStore;
-use crate::watch::{creation_order, Driver, NamespaceSink, PoolSink, ServiceSink, SyncTracker};
+use crate::watch::{creation_order, Converting, Driver, SyncTracker};
 
 /// The kinds whose initial list must complete before the manager is synced.
 pub const KINDS: [&str; 3] = ["Namespace", "IPAddressPool", "Service"];
@@ -131,79 +128,27 @@ impl CurrentManager {
     }
 }
 
+/// Every kind the term's manager handles, forwarded to it as it is.
 #[async_trait]
-impl ServiceHandler for CurrentManager {
-    async fn on_add_service(&self, service: &Service) -> Result<(), subscriber::Error> {
+impl<K: Send + Sync + 'static> Handler<K> for CurrentManager
+where
+    TermManager: Handler<K>,
+{
+    async fn on_add(&self, object: &K) -> Result<(), subscriber::Error> {
         match self.get() {
-            Some(manager) => manager.on_add_service(service).await,
+            Some(manager) => manager.on_add(object).await,
             None => Ok(()),
         }
     }
-    async fn on_update_service(
-        &self,
-        old: &Service,
-        new: &Service,
-    ) -> Result<(), subscriber::Error> {
+    async fn on_update(&self, old: &K, new: &K) -> Result<(), subscriber::Error> {
         match self.get() {
-            Some(manager) => manager.on_update_service(old, new).await,
+            Some(manager) => manager.on_update(old, new).await,
             None => Ok(()),
         }
     }
-    async fn on_delete_service(&self, service: &Service) -> Result<(), subscriber::Error> {
+    async fn on_delete(&self, object: &K) -> Result<(), subscriber::Error> {
         match self.get() {
-            Some(manager) => manager.on_delete_service(service).await,
-            None => Ok(()),
-        }
-    }
-}
-
-#[async_trait]
-impl PoolHandler for CurrentManager {
-    async fn on_add_pool(&self, pool: &IPAddressPool) -> Result<(), subscriber::Error> {
-        match self.get() {
-            Some(manager) => manager.on_add_pool(pool).await,
-            None => Ok(()),
-        }
-    }
-    async fn on_update_pool(
-        &self,
-        old: &IPAddressPool,
-        new: &IPAddressPool,
-    ) -> Result<(), subscriber::Error> {
-        match self.get() {
-            Some(manager) => manager.on_update_pool(old, new).await,
-            None => Ok(()),
-        }
-    }
-    async fn on_delete_pool(&self, pool: &IPAddressPool) -> Result<(), subscriber::Error> {
-        match self.get() {
-            Some(manager) => manager.on_delete_pool(pool).await,
-            None => Ok(()),
-        }
-    }
-}
-
-#[async_trait]
-impl NamespaceHandler for CurrentManager {
-    async fn on_add_namespace(&self, namespace: &Namespace) -> Result<(), subscriber::Error> {
-        match self.get() {
-            Some(manager) => manager.on_add_namespace(namespace).await,
-            None => Ok(()),
-        }
-    }
-    async fn on_update_namespace(
-        &self,
-        old: &Namespace,
-        new: &Namespace,
-    ) -> Result<(), subscriber::Error> {
-        match self.get() {
-            Some(manager) => manager.on_update_namespace(old, new).await,
-            None => Ok(()),
-        }
-    }
-    async fn on_delete_namespace(&self, namespace: &Namespace) -> Result<(), subscriber::Error> {
-        match self.get() {
-            Some(manager) => manager.on_delete_namespace(namespace).await,
+            Some(manager) => manager.on_delete(object).await,
             None => Ok(()),
         }
     }
@@ -256,19 +201,19 @@ impl Host {
         let store = KubeStore::new(services, pools, namespaces);
 
         let current = Arc::new(CurrentManager::default());
-        let mut service_chain = ServiceChain::new();
-        service_chain.register("manager", Arc::clone(&current) as Arc<dyn ServiceHandler>);
-        let mut pool_chain = PoolChain::new();
-        pool_chain.register("manager", Arc::clone(&current) as Arc<dyn PoolHandler>);
-        let mut namespace_chain = NamespaceChain::new();
-        namespace_chain.register("manager", Arc::clone(&current) as Arc<dyn NamespaceHandler>);
+        let mut service_chain = Chain::<Service>::new();
+        service_chain.register("manager", Arc::clone(&current) as Arc<dyn Handler<_>>);
+        let mut pool_chain = Chain::<IPAddressPool>::new();
+        pool_chain.register("manager", Arc::clone(&current) as Arc<dyn Handler<_>>);
+        let mut namespace_chain = Chain::<Namespace>::new();
+        namespace_chain.register("manager", Arc::clone(&current) as Arc<dyn Handler<_>>);
 
         let mut tasks = Vec::new();
         let wc = config.watcher.clone();
         tasks.push(spawn_watch(
             Driver::new("Service", service_writer).notifying(store.service_changes()),
             watcher(Api::<Service>::all(client.clone()), wc.clone()).modify(lean::service),
-            ServiceSink(Arc::new(service_chain)),
+            service_chain,
             synced.clone(),
             config.watch_backoff.clone(),
             cancel.clone(),
@@ -280,7 +225,7 @@ impl Host {
                 wc.clone(),
             )
             .modify(lean::pool),
-            PoolSink(Arc::new(pool_chain)),
+            Converting::new(pool_chain, to_subscriber),
             synced.clone(),
             config.watch_backoff.clone(),
             cancel.clone(),
@@ -288,7 +233,7 @@ impl Host {
         tasks.push(spawn_watch(
             Driver::new("Namespace", namespace_writer),
             watcher(Api::<Namespace>::all(client.clone()), wc).modify(lean::namespace),
-            NamespaceSink(Arc::new(namespace_chain)),
+            namespace_chain,
             synced.clone(),
             config.watch_backoff.clone(),
             cancel.clone(),
@@ -390,7 +335,7 @@ fn spawn_watch<K, St, S>(
 where
     K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + std::fmt::Debug + 'static,
     St: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    S: crate::watch::Sink<K> + 'static,
+    S: Handler<K> + 'static,
 {
     tokio::spawn(async move {
         let stream = with_backoff(stream, driver.kind(), backoff);
@@ -506,17 +451,17 @@ async fn deliver_cache(store: &KubeStore, manager: &TermManager) {
     let mut namespaces = store.namespaces().state();
     namespaces.sort_by_key(|ns| ns.name_any());
     for namespace in &namespaces {
-        report(manager.on_add_namespace(namespace).await);
+        report(manager.on_add(namespace.as_ref()).await);
     }
     let mut pools = store.pools().state();
     pools.sort_by_cached_key(|pool| creation_order(pool.as_ref()));
     for pool in &pools {
-        report(manager.on_add_pool(&to_subscriber(pool)).await);
+        report(manager.on_add(&to_subscriber(pool)).await);
     }
     let mut services = store.services().state();
     services.sort_by_cached_key(|service| creation_order(service.as_ref()));
     for service in &services {
-        report(manager.on_add_service(service).await);
+        report(manager.on_add(service.as_ref()).await);
     }
     tracing::info!(
         namespaces = namespaces.len(),

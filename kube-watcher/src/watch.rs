@@ -4,15 +4,15 @@
 //! A [`Driver`] owns one reflector [`Writer`] (the shared cache of its kind)
 //! and turns each `watcher::Event` into store writes and handler calls:
 //!
-//! - `Apply`: the store is updated, then `add` (unknown object) or
-//!   `update(old, new)` is delivered.
-//! - `Delete`: the store forgets the object, then `delete` is delivered.
+//! - `Apply`: the store is updated, then `on_add` (unknown object) or
+//!   `on_update(old, new)` is delivered to the kind's `subscriber::Handler`.
+//! - `Delete`: the store forgets the object, then `on_delete` is delivered.
 //! - `Init` … `InitApply` … `InitDone` (the initial list, and every relist
 //!   after a `410 Gone` or a failed list): the objects are buffered; at
 //!   `InitDone` the store swaps to the listed objects *first*, then every
-//!   listed object is delivered (oldest first, see [`creation_order`]), as `update(old, new)` when the store knew it
-//!   before (a relist re-delivers it) or `add` when it did not, and every
-//!   object the store knew but the list lacks is delivered as `delete`.
+//!   listed object is delivered (oldest first, see [`creation_order`]), as `on_update(old, new)` when the store knew it
+//!   before (a relist re-delivers it) or `on_add` when it did not, and every
+//!   object the store knew but the list lacks is delivered as `on_delete`.
 //!
 //! So a handler reading the store while it handles an event always sees the
 //! state the event describes, and a relist that finds the cluster unchanged
@@ -27,15 +27,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use subscriber::{NamespaceHandler, PoolHandler, ServiceHandler};
+use subscriber::Handler;
 use tokio::sync::watch;
-
-use crate::crd::{to_subscriber, IPAddressPoolResource};
 
 /// The order objects are delivered in after a list: creation time, then
 /// namespace and name.
@@ -50,68 +47,38 @@ pub fn creation_order<K: Resource>(
     )
 }
 
-/// Where a [`Driver`] delivers events: the chain of its kind.
-#[async_trait]
-pub trait Sink<K>: Send + Sync {
-    /// An object appeared.
-    async fn add(&self, object: &K) -> Result<(), subscriber::Error>;
-    /// An object changed.
-    async fn update(&self, old: &K, new: &K) -> Result<(), subscriber::Error>;
-    /// An object is gone; `object` is its last known state.
-    async fn delete(&self, object: &K) -> Result<(), subscriber::Error>;
+/// A handler of `T` as a handler of the watched type `K`: each object is
+/// converted on its way in (a CRD's kube type to the object type the chains
+/// and the manager take, see `crd::to_subscriber`). Kinds watched as the
+/// type the manager takes need no conversion: their chain is the handler.
+pub struct Converting<K, T, H> {
+    handler: H,
+    convert: fn(&K) -> T,
 }
 
-/// Services go to a [`ServiceHandler`].
-pub struct ServiceSink<H: ?Sized>(pub Arc<H>);
-
-#[async_trait]
-impl<H: ServiceHandler + ?Sized> Sink<Service> for ServiceSink<H> {
-    async fn add(&self, object: &Service) -> Result<(), subscriber::Error> {
-        self.0.on_add_service(object).await
-    }
-    async fn update(&self, old: &Service, new: &Service) -> Result<(), subscriber::Error> {
-        self.0.on_update_service(old, new).await
-    }
-    async fn delete(&self, object: &Service) -> Result<(), subscriber::Error> {
-        self.0.on_delete_service(object).await
+impl<K, T, H> Converting<K, T, H> {
+    /// Hands `handler` every object after `convert`.
+    pub fn new(handler: H, convert: fn(&K) -> T) -> Self {
+        Self { handler, convert }
     }
 }
 
-/// Pools are converted to `subscriber::IPAddressPool` on their way in.
-pub struct PoolSink<H: ?Sized>(pub Arc<H>);
-
 #[async_trait]
-impl<H: PoolHandler + ?Sized> Sink<IPAddressPoolResource> for PoolSink<H> {
-    async fn add(&self, object: &IPAddressPoolResource) -> Result<(), subscriber::Error> {
-        self.0.on_add_pool(&to_subscriber(object)).await
+impl<K, T, H> Handler<K> for Converting<K, T, H>
+where
+    K: Send + Sync + 'static,
+    T: Send + Sync + 'static,
+    H: Handler<T>,
+{
+    async fn on_add(&self, object: &K) -> Result<(), subscriber::Error> {
+        self.handler.on_add(&(self.convert)(object)).await
     }
-    async fn update(
-        &self,
-        old: &IPAddressPoolResource,
-        new: &IPAddressPoolResource,
-    ) -> Result<(), subscriber::Error> {
-        self.0
-            .on_update_pool(&to_subscriber(old), &to_subscriber(new))
-            .await
+    async fn on_update(&self, old: &K, new: &K) -> Result<(), subscriber::Error> {
+        let (old, new) = ((self.convert)(old), (self.convert)(new));
+        self.handler.on_update(&old, &new).await
     }
-    async fn delete(&self, object: &IPAddressPoolResource) -> Result<(), subscriber::Error> {
-        self.0.on_delete_pool(&to_subscriber(object)).await
-    }
-}
-
-/// Namespaces go to a [`NamespaceHandler`].
-pub struct NamespaceSink<H: ?Sized>(pub Arc<H>);
-
-#[async_trait]
-impl<H: NamespaceHandler + ?Sized> Sink<Namespace> for NamespaceSink<H> {
-    async fn add(&self, object: &Namespace) -> Result<(), subscriber::Error> {
-        self.0.on_add_namespace(object).await
-    }
-    async fn update(&self, old: &Namespace, new: &Namespace) -> Result<(), subscriber::Error> {
-        self.0.on_update_namespace(old, new).await
-    }
-    async fn delete(&self, object: &Namespace) -> Result<(), subscriber::Error> {
-        self.0.on_delete_namespace(object).await
+    async fn on_delete(&self, object: &K) -> Result<(), subscriber::Error> {
+        self.handler.on_delete(&(self.convert)(object)).await
     }
 }
 
@@ -248,7 +215,7 @@ where
 
     /// Applies `event` to the store, then delivers it to `sink`. A handler's
     /// error is logged; the store stays as the event says.
-    pub async fn handle<S: Sink<K> + ?Sized>(
+    pub async fn handle<S: Handler<K> + ?Sized>(
         &mut self,
         event: watcher::Event<K>,
         sink: &S,
@@ -286,15 +253,15 @@ where
                 let (count, gone) = (listed.len(), before.len());
                 for object in listed {
                     let result = match before.remove(&ObjectRef::from_obj(object.as_ref())) {
-                        Some(old) => sink.update(&old, &object).await,
-                        None => sink.add(&object).await,
+                        Some(old) => sink.on_update(&old, &object).await,
+                        None => sink.on_add(&object).await,
                     };
                     self.report(result, "list", &object);
                 }
                 let mut removed: Vec<Arc<K>> = before.into_values().collect();
                 removed.sort_by_key(|object| ObjectRef::from_obj(object.as_ref()).to_string());
                 for object in &removed {
-                    let result = sink.delete(object).await;
+                    let result = sink.on_delete(object).await;
                     self.report(result, "delete (not in list)", object);
                 }
                 let first = !self.listed;
@@ -315,8 +282,8 @@ where
                     .apply_watcher_event(&watcher::Event::Apply(object.clone()));
                 self.bump();
                 let result = match &old {
-                    Some(old) => sink.update(old, &object).await,
-                    None => sink.add(&object).await,
+                    Some(old) => sink.on_update(old, &object).await,
+                    None => sink.on_add(&object).await,
                 };
                 self.report(result, "apply", &object);
                 Handled::Delivered
@@ -325,7 +292,7 @@ where
                 self.writer
                     .apply_watcher_event(&watcher::Event::Delete(object.clone()));
                 self.bump();
-                let result = sink.delete(&object).await;
+                let result = sink.on_delete(&object).await;
                 self.report(result, "delete", &object);
                 Handled::Delivered
             }
@@ -352,7 +319,7 @@ where
     pub async fn run<St, S>(mut self, stream: St, sink: &S, synced: &SyncTracker)
     where
         St: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
-        S: Sink<K> + ?Sized,
+        S: Handler<K> + ?Sized,
     {
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
@@ -373,6 +340,7 @@ where
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use kube::runtime::reflector;
     use manager::Store as _;
@@ -422,19 +390,19 @@ mod tests {
     }
 
     #[async_trait]
-    impl Sink<Service> for Recorder {
-        async fn add(&self, object: &Service) -> Result<(), subscriber::Error> {
+    impl Handler<Service> for Recorder {
+        async fn on_add(&self, object: &Service) -> Result<(), subscriber::Error> {
             self.push(format!("add {} {}", object.name_any(), rv(object)), object);
             Ok(())
         }
-        async fn update(&self, old: &Service, new: &Service) -> Result<(), subscriber::Error> {
+        async fn on_update(&self, old: &Service, new: &Service) -> Result<(), subscriber::Error> {
             self.push(
                 format!("update {} {}->{}", new.name_any(), rv(old), rv(new)),
                 new,
             );
             Ok(())
         }
-        async fn delete(&self, object: &Service) -> Result<(), subscriber::Error> {
+        async fn on_delete(&self, object: &Service) -> Result<(), subscriber::Error> {
             self.push(
                 format!("delete {} {}", object.name_any(), rv(object)),
                 object,
@@ -552,6 +520,42 @@ mod tests {
             .await;
         driver.handle(watcher::Event::InitDone, &sink).await;
         assert_eq!(sink.take(), ["add b 2 (store 2)"]);
+    }
+
+    /// Logs the calls it gets, each with the converted object.
+    #[derive(Default)]
+    struct Names(Mutex<Vec<String>>);
+
+    #[async_trait]
+    impl Handler<String> for Names {
+        async fn on_add(&self, name: &String) -> Result<(), subscriber::Error> {
+            self.0.lock().unwrap().push(format!("add {name}"));
+            Ok(())
+        }
+        async fn on_update(&self, old: &String, new: &String) -> Result<(), subscriber::Error> {
+            self.0.lock().unwrap().push(format!("update {old}->{new}"));
+            Ok(())
+        }
+        async fn on_delete(&self, name: &String) -> Result<(), subscriber::Error> {
+            self.0.lock().unwrap().push(format!("delete {name}"));
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn converting_hands_on_each_call_with_the_converted_objects() {
+        fn version(service: &Service) -> String {
+            format!("{}@{}", service.name_any(), rv(service))
+        }
+        let converting = Converting::new(Names::default(), version);
+        let (one, two) = (service("a", "1"), service("a", "2"));
+        converting.on_add(&one).await.unwrap();
+        converting.on_update(&one, &two).await.unwrap();
+        converting.on_delete(&two).await.unwrap();
+        assert_eq!(
+            *converting.handler.0.lock().unwrap(),
+            ["add a@1", "update a@1->a@2", "delete a@2"]
+        );
     }
 
     #[tokio::test]
