@@ -155,6 +155,28 @@ pub fn parse_legacy_config(file: &str, text: &str) -> Result<Vec<IPAddressPool>,
     Ok(seen.pools)
 }
 
+/// Where an object of a `--config` file is, for its errors.
+struct At<'a> {
+    file: &'a str,
+    document: usize,
+    /// `metadata.name`, when it has one.
+    name: Option<String>,
+}
+
+impl At<'_> {
+    fn error(&self, kind: &str, message: String) -> ConfigError {
+        ConfigError::Object {
+            file: self.file.to_owned(),
+            document: self.document,
+            name: Some(match &self.name {
+                Some(name) => format!("{kind} {name:?}"),
+                None => kind.to_owned(),
+            }),
+            message,
+        }
+    }
+}
+
 /// One YAML document (or one item of a List).
 fn read_document(
     file: &str,
@@ -162,12 +184,6 @@ fn read_document(
     value: Value,
     seen: &mut Seen,
 ) -> Result<(), ConfigError> {
-    let object_error = |name: Option<String>, message: String| ConfigError::Object {
-        file: file.to_owned(),
-        document,
-        name,
-        message,
-    };
     let top = match value {
         Value::Null => return Ok(()),
         Value::Mapping(top) => top,
@@ -183,16 +199,14 @@ fn read_document(
         .get("apiVersion")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let name = top
-        .get("metadata")
-        .and_then(|metadata| metadata.get("name"))
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    let label = |kind: &str| {
-        Some(match &name {
-            Some(name) => format!("{kind} {name:?}"),
-            None => kind.to_owned(),
-        })
+    let at = At {
+        file,
+        document,
+        name: top
+            .get("metadata")
+            .and_then(|metadata| metadata.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_owned),
     };
     match kind.as_deref() {
         None => read_legacy(file, Value::Mapping(top), seen),
@@ -201,34 +215,19 @@ fn read_document(
                 .get("data")
                 .and_then(|data| data.get("config"))
                 .and_then(Value::as_str)
-                .ok_or_else(|| {
-                    object_error(label("ConfigMap"), "has no data.config string".to_owned())
-                })?;
+                .ok_or_else(|| at.error("ConfigMap", "has no data.config string".to_owned()))?;
             let inner: Value = serde_yaml_ng::from_str(config)
-                .map_err(|e| object_error(label("ConfigMap"), format!("data.config: {e}")))?;
+                .map_err(|e| at.error("ConfigMap", format!("data.config: {e}")))?;
             read_legacy(file, inner, seen)
         }
         Some(kind) if kind == POOL_KIND && api_version == POOL_API_VERSION => {
-            let pool: IPAddressPool = serde_path_to_error::deserialize(Value::Mapping(top))
-                .map_err(|e| {
-                    let path = e.path().to_string();
-                    let message = e.into_inner().to_string();
-                    let message = if path == "." {
-                        message
-                    } else {
-                        format!("{path}: {message}")
-                    };
-                    object_error(label(POOL_KIND), message)
-                })?;
+            let pool: IPAddressPool = deserialize_object(top, &at, POOL_KIND)?;
             let Some(name) = pool.metadata.name.clone().filter(|name| !name.is_empty()) else {
-                return Err(object_error(
-                    label(POOL_KIND),
-                    "has no metadata.name".to_owned(),
-                ));
+                return Err(at.error(POOL_KIND, "has no metadata.name".to_owned()));
             };
             if !seen.names.insert(name) {
-                return Err(object_error(
-                    label(POOL_KIND),
+                return Err(at.error(
+                    POOL_KIND,
                     "a pool of this name is defined before".to_owned(),
                 ));
             }
@@ -241,7 +240,7 @@ fn read_document(
             let items = match top.get("items") {
                 Some(Value::Sequence(items)) => items.clone(),
                 None | Some(Value::Null) => Vec::new(),
-                Some(_) => return Err(object_error(label(kind), "items is not a list".to_owned())),
+                Some(_) => return Err(at.error(kind, "items is not a list".to_owned())),
             };
             for item in items {
                 read_document(file, document, item, seen)?;
@@ -259,6 +258,24 @@ fn read_document(
             Ok(())
         }
     }
+}
+
+/// An object of `kind`, its errors naming the field path.
+fn deserialize_object<T: serde::de::DeserializeOwned>(
+    top: serde_yaml_ng::Mapping,
+    at: &At<'_>,
+    kind: &str,
+) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(Value::Mapping(top)).map_err(|e| {
+        let path = e.path().to_string();
+        let message = e.into_inner().to_string();
+        let message = if path == "." {
+            message
+        } else {
+            format!("{path}: {message}")
+        };
+        at.error(kind, message)
+    })
 }
 
 /// A legacy configuration: its `address-pools` entries.

@@ -221,13 +221,42 @@ fn document(
     at_line: Option<u64>,
     events: Vec<EventDocument>,
 ) -> ExplainDocument {
-    let asks = &explanation.asks;
+    let asks_document = asks_document(&explanation.asks);
+    let shows = ShowsDocument {
+        ips: explanation.shows.ips.clone(),
+        pool: explanation.shows.pool.clone(),
+        condition: explanation
+            .shows
+            .condition
+            .as_ref()
+            .map(ConditionDocument::from),
+    };
+    let not_handled = explanation.handled.as_ref().err().map(not_handled_text);
+    let namespace = explanation.key.split('/').next().unwrap_or_default();
+    let (step, keep, pools, outcome) =
+        judgement_documents(explanation.judgement.as_ref(), namespace);
+    ExplainDocument {
+        key: explanation.key,
+        at_line,
+        handled: explanation.handled.is_ok(),
+        not_handled,
+        asks: asks_document,
+        shows,
+        step,
+        keep,
+        pools,
+        outcome,
+        events,
+    }
+}
+
+fn asks_document(asks: &manager::Asks) -> AsksDocument {
     let (addresses, invalid) = match &asks.addresses {
         Ok(ips) => (strings(ips), None),
         Err(reason) => (Vec::new(), Some(reason.clone())),
     };
     let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_owned());
-    let asks_document = AsksDocument {
+    AsksDocument {
         addresses,
         invalid,
         pool: asks.pool.clone(),
@@ -241,19 +270,19 @@ fn document(
         deprecated_annotations: asks.deprecated.clone(),
         labels: asks.labels.clone(),
         namespace_labels: asks.namespace_labels.clone(),
-    };
-    let shows = ShowsDocument {
-        ips: explanation.shows.ips.clone(),
-        pool: explanation.shows.pool.clone(),
-        condition: explanation
-            .shows
-            .condition
-            .as_ref()
-            .map(ConditionDocument::from),
-    };
-    let not_handled = explanation.handled.as_ref().err().map(not_handled_text);
-    let namespace = explanation.key.split('/').next().unwrap_or_default();
-    let (step, keep, pools, outcome) = match &explanation.judgement {
+    }
+}
+
+type JudgementDocuments = (
+    Option<&'static str>,
+    Option<KeepDocument>,
+    Vec<PoolDocument>,
+    OutcomeDocument,
+);
+
+/// The step, keep verdict, pool verdicts and outcome of a judgement.
+fn judgement_documents(judgement: Option<&Judgement>, namespace: &str) -> JudgementDocuments {
+    match judgement {
         None => (None, None, Vec::new(), outcome_error("not handled")),
         Some(Judgement::NoClusterIp) => (
             None,
@@ -288,19 +317,6 @@ fn document(
                 Err(error) => outcome_error(&error.to_string()),
             },
         ),
-    };
-    ExplainDocument {
-        key: explanation.key,
-        at_line,
-        handled: explanation.handled.is_ok(),
-        not_handled,
-        asks: asks_document,
-        shows,
-        step,
-        keep,
-        pools,
-        outcome,
-        events,
     }
 }
 
@@ -472,45 +488,65 @@ fn labels(labels: &BTreeMap<String, String>) -> String {
 /// `kubectl describe`-like text.
 fn describe(d: &ExplainDocument) -> String {
     let mut out = String::new();
-    let mut field = |name: &str, value: String| {
-        let _ = writeln!(out, "{:<18}{value}", format!("{name}:"));
-    };
+    describe_asks(&mut out, d);
+    describe_decision(&mut out, d);
+    describe_pools(&mut out, d);
+    if !d.events.is_empty() {
+        out.push_str("Events:\n");
+        for event in &d.events {
+            let _ = writeln!(
+                out,
+                "  {:<8} {:<20} {}",
+                event.event_type, event.reason, event.message
+            );
+        }
+    }
+    out
+}
+
+/// One `Name:   value` line of [`describe`].
+fn field(out: &mut String, name: &str, value: &str) {
+    let _ = writeln!(out, "{:<18}{value}", format!("{name}:"));
+}
+
+/// Which Service, whether it is handled, and what it asks for.
+fn describe_asks(out: &mut String, d: &ExplainDocument) {
     let at = d
         .at_line
         .map_or_else(|| "end of stream".to_owned(), |l| format!("after line {l}"));
-    field("Service", format!("{} ({at})", d.key));
-    field(
-        "Handled",
-        match &d.not_handled {
-            None => "yes".to_owned(),
-            Some(why) => format!("no: {why}"),
-        },
-    );
+    field(out, "Service", &format!("{} ({at})", d.key));
+    let handled = match &d.not_handled {
+        None => "yes".to_owned(),
+        Some(why) => format!("no: {why}"),
+    };
+    field(out, "Handled", &handled);
     let a = &d.asks;
     let addresses = match &a.invalid {
         Some(reason) => format!("invalid: {reason}"),
         None => joined(&a.addresses),
     };
-    field("Requested IPs", addresses);
-    field("Requested pool", or_none(a.pool.as_deref()));
-    field("Sharing key", or_none(a.sharing_key.as_deref()));
-    field("Backend key", or_none(a.backend_key.as_deref()));
-    field("Ports", joined(&a.ports));
-    field(
-        "Families",
-        format!(
-            "{} (ipFamilyPolicy {}, ipFamilies {}, clusterIPs {})",
-            a.families.as_deref().unwrap_or("none: no cluster IP"),
-            or_none(a.ip_family_policy.as_deref()),
-            joined(&a.ip_families),
-            joined(&a.cluster_ips)
-        ),
+    field(out, "Requested IPs", &addresses);
+    field(out, "Requested pool", &or_none(a.pool.as_deref()));
+    field(out, "Sharing key", &or_none(a.sharing_key.as_deref()));
+    field(out, "Backend key", &or_none(a.backend_key.as_deref()));
+    field(out, "Ports", &joined(&a.ports));
+    let families = format!(
+        "{} (ipFamilyPolicy {}, ipFamilies {}, clusterIPs {})",
+        a.families.as_deref().unwrap_or("none: no cluster IP"),
+        or_none(a.ip_family_policy.as_deref()),
+        joined(&a.ip_families),
+        joined(&a.cluster_ips)
     );
-    field("Labels", labels(&a.labels));
-    field("Namespace labels", labels(&a.namespace_labels));
+    field(out, "Families", &families);
+    field(out, "Labels", &labels(&a.labels));
+    field(out, "Namespace labels", &labels(&a.namespace_labels));
     if !a.deprecated_annotations.is_empty() {
-        field("Deprecated", a.deprecated_annotations.join(", "));
+        field(out, "Deprecated", &a.deprecated_annotations.join(", "));
     }
+}
+
+/// What the Service shows now, and what the rules decide for it.
+fn describe_decision(out: &mut String, d: &ExplainDocument) {
     let status = if d.shows.ips.is_empty() {
         // Pending only for a Service the controller is to serve.
         if d.handled { "<pending>" } else { "<none>" }.to_owned()
@@ -521,32 +557,26 @@ fn describe(d: &ExplainDocument) -> String {
             or_none(d.shows.pool.as_deref())
         )
     };
-    field("Status", status);
-    field(
-        "Condition",
-        d.shows.condition.as_ref().map_or_else(
-            || "<none>".to_owned(),
-            |c| {
-                format!(
-                    "{}={} {}: {}",
-                    c.condition_type, c.status, c.reason, c.message
-                )
-            },
-        ),
+    field(out, "Status", &status);
+    let condition = d.shows.condition.as_ref().map_or_else(
+        || "<none>".to_owned(),
+        |c| {
+            format!(
+                "{}={} {}: {}",
+                c.condition_type, c.status, c.reason, c.message
+            )
+        },
     );
+    field(out, "Condition", &condition);
     if let Some(step) = d.step {
-        field("Step", step_text(step).to_owned());
+        field(out, "Step", step_text(step));
     }
     if let Some(keep) = &d.keep {
-        field(
-            "Keep",
-            match &keep.reason {
-                None => {
-                    "allowed: the held addresses stay (docs/allocation.md §4.4 step 1)".to_owned()
-                }
-                Some(reason) => format!("not allowed: {reason}"),
-            },
-        );
+        let verdict = match &keep.reason {
+            None => "allowed: the held addresses stay (docs/allocation.md §4.4 step 1)".to_owned(),
+            Some(reason) => format!("not allowed: {reason}"),
+        };
+        field(out, "Keep", &verdict);
     }
     let outcome = if d.outcome.assigned {
         format!(
@@ -560,35 +590,29 @@ fn describe(d: &ExplainDocument) -> String {
             d.outcome.error.as_deref().unwrap_or_default()
         )
     };
-    field("Outcome", outcome);
-    if !d.pools.is_empty() {
-        out.push_str("Pools:\n");
-        let width = d
-            .pools
-            .iter()
-            .map(|p| p.name.len())
-            .max()
-            .unwrap_or(0)
-            .max(4);
-        let _ = writeln!(out, "  {:<width$}   {:<6}   VERDICT", "POOL", "CHOSEN");
-        for pool in &d.pools {
-            let chosen = if pool.chosen { "yes" } else { "" };
-            let _ = writeln!(
-                out,
-                "  {:<width$}   {chosen:<6}   {}",
-                pool.name, pool.message
-            );
-        }
+    field(out, "Outcome", &outcome);
+}
+
+/// The verdict of every pool, in the order they were tried.
+fn describe_pools(out: &mut String, d: &ExplainDocument) {
+    if d.pools.is_empty() {
+        return;
     }
-    if !d.events.is_empty() {
-        out.push_str("Events:\n");
-        for event in &d.events {
-            let _ = writeln!(
-                out,
-                "  {:<8} {:<20} {}",
-                event.event_type, event.reason, event.message
-            );
-        }
+    out.push_str("Pools:\n");
+    let width = d
+        .pools
+        .iter()
+        .map(|p| p.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    let _ = writeln!(out, "  {:<width$}   {:<6}   VERDICT", "POOL", "CHOSEN");
+    for pool in &d.pools {
+        let chosen = if pool.chosen { "yes" } else { "" };
+        let _ = writeln!(
+            out,
+            "  {:<width$}   {chosen:<6}   {}",
+            pool.name, pool.message
+        );
     }
-    out
 }

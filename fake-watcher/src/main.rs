@@ -12,7 +12,7 @@ use std::time::Instant;
 use clap::{Parser, Subcommand, ValueEnum};
 use fake_watcher::{
     load_legacy_config, render, render_table_with, replay_pipelined, Observer, OutputFormat,
-    ReplayError, ReplayOptions, StreamError, TableNotes,
+    ReplayError, ReplayOptions, ReplayOutput, StreamError, TableNotes,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tracing_subscriber::EnvFilter;
@@ -234,6 +234,77 @@ impl Observer for Reporter {
     }
 }
 
+/// A stream to replay: its name for messages, its size when it is a file,
+/// and a reader.
+type Stream = (String, Option<u64>, Box<dyn BufRead + Send>);
+
+/// Opens `path` (`-`: standard input); the error is the exit code, after
+/// the message is printed.
+fn open_stream(path: &std::path::Path) -> Result<Stream, ExitCode> {
+    if path.as_os_str() == "-" {
+        return Ok((
+            "<stdin>".to_owned(),
+            None,
+            Box::new(BufReader::with_capacity(1 << 16, io::stdin())),
+        ));
+    }
+    let name = path.display().to_string();
+    match File::open(path) {
+        Ok(file) => {
+            // The size of a file, not of a pipe or a device.
+            let size = file
+                .metadata()
+                .ok()
+                .filter(std::fs::Metadata::is_file)
+                .map(|metadata| metadata.len());
+            Ok((
+                name,
+                size,
+                Box::new(BufReader::with_capacity(1 << 16, file)),
+            ))
+        }
+        Err(error) => {
+            eprintln!("{name}: cannot open: {error}");
+            Err(ExitCode::from(BAD_INPUT))
+        }
+    }
+}
+
+/// Renders the result in the chosen format and writes it to stdout (a
+/// closed pipe is not an error).
+fn print_result(args: &ReplayArgs, output: &ReplayOutput) -> Result<(), ExitCode> {
+    let format = OutputFormat::from(args.output);
+    let rendered = match format {
+        OutputFormat::Table => {
+            let notes = TableNotes {
+                first_ips: Some(&output.first_ips),
+                other_class: Some(&output.other_class),
+                all: args.all,
+            };
+            Ok(render_table_with(&output.result, notes))
+        }
+        _ => render(&output.result, format),
+    };
+    let text = rendered.map_err(|error| {
+        eprintln!("{error}");
+        ExitCode::from(FAILED)
+    })?;
+    if format == OutputFormat::Table && text.is_empty() {
+        eprintln!("No LoadBalancer services found.");
+    }
+    let mut stdout = io::stdout().lock();
+    if let Err(error) = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        if error.kind() != io::ErrorKind::BrokenPipe {
+            eprintln!("cannot write the result: {error}");
+            return Err(ExitCode::from(FAILED));
+        }
+    }
+    Ok(())
+}
+
 fn run_replay(args: &ReplayArgs) -> ExitCode {
     let mut options = ReplayOptions::default().keep_going(args.keep_going);
     options.lb_class = args.lb_class.clone().filter(|class| !class.is_empty());
@@ -246,34 +317,9 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
             }
         }
     }
-    type Stream = (String, Option<u64>, Box<dyn BufRead + Send>);
-    let (name, size, reader): Stream = if args.stream.as_os_str() == "-" {
-        (
-            "<stdin>".to_owned(),
-            None,
-            Box::new(BufReader::with_capacity(1 << 16, io::stdin())),
-        )
-    } else {
-        let name = args.stream.display().to_string();
-        match File::open(&args.stream) {
-            Ok(file) => {
-                // The size of a file, not of a pipe or a device.
-                let size = file
-                    .metadata()
-                    .ok()
-                    .filter(std::fs::Metadata::is_file)
-                    .map(|metadata| metadata.len());
-                (
-                    name,
-                    size,
-                    Box::new(BufReader::with_capacity(1 << 16, file)),
-                )
-            }
-            Err(error) => {
-                eprintln!("{name}: cannot open: {error}");
-                return ExitCode::from(BAD_INPUT);
-            }
-        }
+    let (name, size, reader) = match open_stream(&args.stream) {
+        Ok(stream) => stream,
+        Err(code) => return code,
     };
     let on_terminal = io::stderr().is_terminal();
     let show = !args.quiet && (args.progress || on_terminal);
@@ -292,37 +338,8 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
             });
         }
     };
-    let format = OutputFormat::from(args.output);
-    let rendered = match format {
-        OutputFormat::Table => {
-            let notes = TableNotes {
-                first_ips: Some(&output.first_ips),
-                other_class: Some(&output.other_class),
-                all: args.all,
-            };
-            Ok(render_table_with(&output.result, notes))
-        }
-        _ => render(&output.result, format),
-    };
-    let text = match rendered {
-        Ok(text) => text,
-        Err(error) => {
-            eprintln!("{error}");
-            return ExitCode::from(FAILED);
-        }
-    };
-    if format == OutputFormat::Table && text.is_empty() {
-        eprintln!("No LoadBalancer services found.");
-    }
-    let mut stdout = io::stdout().lock();
-    if let Err(error) = stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        if error.kind() != io::ErrorKind::BrokenPipe {
-            eprintln!("cannot write the result: {error}");
-            return ExitCode::from(FAILED);
-        }
+    if let Err(code) = print_result(args, &output) {
+        return code;
     }
     if output.skipped.is_empty() {
         ExitCode::SUCCESS

@@ -215,68 +215,12 @@ impl Collector for ControllerCollector {
                 None => (base, Vec::new()),
             }
         };
-        for (name, help, in_use) in [
-            (
-                "metallb_allocator_addresses_total",
-                "Number of usable IP addresses, per pool and IP family",
-                false,
-            ),
-            (
-                "metallb_allocator_addresses_in_use_total",
-                "Number of IP addresses in use, per pool and IP family",
-                true,
-            ),
-        ] {
-            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for pool in &pools {
-                for (family, stats) in [("ipv4", &pool.ipv4), ("ipv6", &pool.ipv6)] {
-                    let labels = [("pool", pool.name.as_str()), ("ip_family", family)];
-                    let value = if in_use {
-                        stats.assigned
-                    } else {
-                        stats.total.saturating_u128()
-                    };
-                    ConstGauge::new(as_f64(value)).encode(metric.encode_family(&labels)?)?;
-                }
-            }
-        }
-        {
-            let mut metric = encoder.encode_descriptor(
-                "metallb_allocator_services_unassigned",
-                "Number of LoadBalancer Services without addresses, by the reason of their metallb.io/AddressAssigned condition",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (reason, count) in &unassigned {
-                let labels = [("reason", reason.as_str())];
-                ConstGauge::new(*count).encode(metric.encode_family(&labels)?)?;
-            }
-        }
-        counter(
+        encode_pools(&mut encoder, &pools)?;
+        encode_unassigned(&mut encoder, &unassigned)?;
+        encode_counters(
             &mut encoder,
-            "kube_watcher_reconciliations",
-            "Service reconciliations",
-            stats.reconciliations,
-        )?;
-        counter(
-            &mut encoder,
-            "kube_watcher_write_errors",
-            "Failed Service status or annotation writes (retried)",
-            stats.write_errors,
-        )?;
-        counter(
-            &mut encoder,
-            "kube_watcher_event_errors",
-            "Events that could not be emitted",
-            stats
-                .event_errors
-                .saturating_add(self.0.event_errors.load(Ordering::Relaxed)),
-        )?;
-        counter(
-            &mut encoder,
-            "kube_watcher_pool_rejections",
-            "Times a pool change left a pool rejected",
-            stats.pool_rejections,
+            &stats,
+            self.0.event_errors.load(Ordering::Relaxed),
         )?;
         {
             let mut metric = encoder.encode_descriptor(
@@ -305,6 +249,89 @@ impl Collector for ControllerCollector {
             i64::from(self.0.synced.is_synced()),
         )
     }
+}
+
+/// The per-pool gauges: usable and in-use addresses per family.
+fn encode_pools(
+    encoder: &mut DescriptorEncoder<'_>,
+    pools: &[allocator::PoolStats],
+) -> Result<(), std::fmt::Error> {
+    for (name, help, in_use) in [
+        (
+            "metallb_allocator_addresses_total",
+            "Number of usable IP addresses, per pool and IP family",
+            false,
+        ),
+        (
+            "metallb_allocator_addresses_in_use_total",
+            "Number of IP addresses in use, per pool and IP family",
+            true,
+        ),
+    ] {
+        let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for pool in pools {
+            for (family, stats) in [("ipv4", &pool.ipv4), ("ipv6", &pool.ipv6)] {
+                let labels = [("pool", pool.name.as_str()), ("ip_family", family)];
+                let value = if in_use {
+                    stats.assigned
+                } else {
+                    stats.total.saturating_u128()
+                };
+                ConstGauge::new(as_f64(value)).encode(metric.encode_family(&labels)?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn encode_unassigned(
+    encoder: &mut DescriptorEncoder<'_>,
+    unassigned: &BTreeMap<String, i64>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(
+        "metallb_allocator_services_unassigned",
+        "Number of LoadBalancer Services without addresses, by the reason of their metallb.io/AddressAssigned condition",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (reason, count) in unassigned {
+        let labels = [("reason", reason.as_str())];
+        ConstGauge::new(*count).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// The controller's counters; `host_event_errors` are the Events the host
+/// itself failed to emit.
+fn encode_counters(
+    encoder: &mut DescriptorEncoder<'_>,
+    stats: &ControllerStats,
+    host_event_errors: u64,
+) -> Result<(), std::fmt::Error> {
+    counter(
+        encoder,
+        "kube_watcher_reconciliations",
+        "Service reconciliations",
+        stats.reconciliations,
+    )?;
+    counter(
+        encoder,
+        "kube_watcher_write_errors",
+        "Failed Service status or annotation writes (retried)",
+        stats.write_errors,
+    )?;
+    counter(
+        encoder,
+        "kube_watcher_event_errors",
+        "Events that could not be emitted",
+        stats.event_errors.saturating_add(host_event_errors),
+    )?;
+    counter(
+        encoder,
+        "kube_watcher_pool_rejections",
+        "Times a pool change left a pool rejected",
+        stats.pool_rejections,
+    )
 }
 
 fn response(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
