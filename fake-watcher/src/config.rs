@@ -221,20 +221,7 @@ fn read_document(
             read_legacy(file, inner, seen)
         }
         Some(kind) if kind == POOL_KIND && api_version == POOL_API_VERSION => {
-            let pool: IPAddressPool = deserialize_object(top, &at, POOL_KIND)?;
-            let Some(name) = pool.metadata.name.clone().filter(|name| !name.is_empty()) else {
-                return Err(at.error(POOL_KIND, "has no metadata.name".to_owned()));
-            };
-            if !seen.names.insert(name) {
-                return Err(at.error(
-                    POOL_KIND,
-                    "a pool of this name is defined before".to_owned(),
-                ));
-            }
-            // Values that make no sense are the controller's business, as
-            // for a pool in the stream: it is listed in rejected_pools.
-            seen.pools.push(pool);
-            Ok(())
+            read_pool(top, &at, seen)
         }
         Some(kind) if kind.ends_with("List") => {
             let items = match top.get("items") {
@@ -258,6 +245,24 @@ fn read_document(
             Ok(())
         }
     }
+}
+
+/// An `IPAddressPool` object: its name must be new; its values are checked
+/// by the controller, as for a pool in the stream (a bad one is listed in
+/// `rejected_pools`).
+fn read_pool(top: serde_yaml_ng::Mapping, at: &At<'_>, seen: &mut Seen) -> Result<(), ConfigError> {
+    let pool: IPAddressPool = deserialize_object(top, at, POOL_KIND)?;
+    let Some(name) = pool.metadata.name.clone().filter(|name| !name.is_empty()) else {
+        return Err(at.error(POOL_KIND, "has no metadata.name".to_owned()));
+    };
+    if !seen.names.insert(name) {
+        return Err(at.error(
+            POOL_KIND,
+            "a pool of this name is defined before".to_owned(),
+        ));
+    }
+    seen.pools.push(pool);
+    Ok(())
 }
 
 /// An object of `kind`, its errors naming the field path.
