@@ -210,6 +210,12 @@ fn replay(args: &[String]) -> Result<bool> {
             filter.as_deref().unwrap_or_default()
         );
     }
+    let failed = print_corpus_table(&rows, accept);
+    Ok(passed && failed == 0)
+}
+
+/// Prints one row per stream with its verdict; returns how many failed.
+fn print_corpus_table(rows: &[(&str, &str)], accept: bool) -> usize {
     let width = rows
         .iter()
         .map(|(name, _)| name.len())
@@ -218,7 +224,7 @@ fn replay(args: &[String]) -> Result<bool> {
         .max("STREAM".len());
     println!("\n{:<width$}  RESULT", "STREAM");
     let mut failed = 0;
-    for (name, verdict) in &rows {
+    for (name, verdict) in rows {
         // Accepted snapshots were written: only broken replays still fail.
         let verdict = if accept && (verdict.starts_with("FAIL") || verdict.starts_with("NEW")) {
             verdict
@@ -234,7 +240,7 @@ fn replay(args: &[String]) -> Result<bool> {
         println!("{name:<width$}  {verdict}");
     }
     println!("\n{} passed, {failed} failed", rows.len() - failed);
-    Ok(passed && failed == 0)
+    failed
 }
 
 /// Runs the scaling benchmarks of fake-watcher, or with `--host` those of
