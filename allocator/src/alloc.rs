@@ -15,7 +15,7 @@ use crate::addr::{from_int, to_int, Family};
 use crate::count::{AddressCount, WideCount};
 use crate::error::{AllocError, ShareConflict};
 use crate::group::{GroupIndex, Rank};
-use crate::holders::Holders;
+use crate::holders::{tenancies_agree, Holders, Tenancy};
 use crate::pool::{AddrRange, Conflict, Pool, PoolError, PoolKind};
 use crate::request::{FamilyPolicy, Port, Request, SharingNamespaces, SharingRule};
 use crate::spec::IPAddressPoolSpec;
@@ -396,25 +396,20 @@ struct Held {
 struct Sharing {
     group: Group,
     ports: Box<[Port]>,
-    namespace: Arc<str>,
-    /// The other namespaces it admits; `None`: any.
-    admits: Option<Box<[Box<str>]>>,
+    /// Its namespace and the other namespaces it admits.
+    tenancy: Tenancy,
 }
 
-impl Sharing {
-    fn admits(&self, namespace: &str) -> bool {
-        self.admits
-            .as_deref()
-            .is_none_or(|list| list.iter().any(|n| &**n == namespace))
-    }
-}
-
-/// A request's namespaces as a holder keeps them: `None` for any.
-fn admits_of(namespaces: SharingNamespaces<'_>) -> Option<Box<[Box<str>]>> {
+/// A request's namespaces as a holder keeps them: `None` for any, else
+/// sorted and without repeats (so equal lists are one tenancy).
+fn admits_of(namespaces: SharingNamespaces<'_>) -> Option<Arc<[Box<str>]>> {
     match namespaces {
         SharingNamespaces::Any => None,
         SharingNamespaces::Listed(list) if list.iter().any(|n| n == "*") => None,
-        SharingNamespaces::Listed(list) => Some(list.iter().map(|n| n.as_str().into()).collect()),
+        SharingNamespaces::Listed(list) => {
+            let set: BTreeSet<&str> = list.iter().map(String::as_str).collect();
+            Some(set.into_iter().map(Box::from).collect())
+        }
     }
 }
 
@@ -427,19 +422,22 @@ impl Held {
         self.sharing.as_deref().map_or(&[], |s| &s.ports)
     }
 
-    /// Whether it restricts the namespaces it shares with.
-    fn restricts(&self) -> bool {
-        self.sharing.as_deref().is_some_and(|s| s.admits.is_some())
+    fn tenancy(&self) -> Option<&Tenancy> {
+        self.sharing.as_deref().map(|s| &s.tenancy)
     }
 }
 
-/// Whether a Service of `request` and a holder may share across their
-/// namespaces: one namespace, or each admits the other's (docs/cilium.md
-/// §3.4, rule 2).
-fn namespaces_agree(request: &Request<'_>, holder: &Sharing) -> bool {
-    let ours = request.subject.namespace;
-    *holder.namespace == *ours
-        || (request.sharing_namespaces.admits(&holder.namespace) && holder.admits(ours))
+/// Whether a Service of `request` (admitting `admits`) and a holder may
+/// share across their namespaces: one namespace, or each admits the
+/// other's (docs/cilium.md §3.4, rule 2).
+fn namespaces_agree(request: &Request<'_>, admits: Option<&[Box<str>]>, holder: &Sharing) -> bool {
+    let (namespace, theirs) = &holder.tenancy;
+    tenancies_agree(
+        request.subject.namespace,
+        admits,
+        namespace,
+        theirs.as_deref(),
+    )
 }
 
 /// The automatic pools with room, per question asked: a free address of
@@ -478,9 +476,6 @@ pub struct Allocator {
     auto: AutoIndex,
     services: HashMap<Arc<str>, Held, FastHash>,
     addresses: HashMap<IpAddr, Holders, FastHash>,
-    /// Per address, how many holders restrict the namespaces they share
-    /// with (absent: none): without any, the namespace rule passes at once.
-    restricted: HashMap<IpAddr, u32, FastHash>,
     /// Search steps taken (entries, runs, holders and pools looked at):
     /// what cost tests count.
     steps: Cell<u64>,
@@ -992,7 +987,6 @@ impl Allocator {
                 // move, and the entry goes.
                 for ip in entry.1.ips.iter() {
                     self.addresses.remove(ip);
-                    self.restricted.remove(ip);
                 }
                 services.push(entry);
             }
@@ -1160,16 +1154,11 @@ impl Allocator {
     /// Releases whatever `key` holds; returns what it held.
     pub fn release(&mut self, key: &str) -> Option<Holding> {
         let (key, held) = self.services.remove_entry(key)?;
-        if held.restricts() {
-            for ip in held.ips.iter() {
-                self.unrestrict(*ip);
-            }
-        }
         for &ip in held.ips.iter() {
             let Some(holders) = self.addresses.get_mut(&ip) else {
                 continue;
             };
-            let still_held = holders.remove(&key, held.ports());
+            let still_held = holders.remove(&key, held.ports(), held.tenancy());
             let (family, value) = to_int(ip);
             let Some(state) = self.pools.get_mut(&held.pool) else {
                 if !still_held {
@@ -1210,31 +1199,19 @@ impl Allocator {
         })
     }
 
-    /// One restricting holder less on `ip`.
-    fn unrestrict(&mut self, ip: IpAddr) {
-        if let Some(count) = self.restricted.get_mut(&ip) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                self.restricted.remove(&ip);
-            }
-        }
-    }
-
     fn insert_held(&mut self, key: Arc<str>, held: Held) {
-        if held.restricts() {
-            for ip in held.ips.iter() {
-                *self.restricted.entry(*ip).or_insert(0) += 1;
-            }
-        }
         for &ip in held.ips.iter() {
             let (family, value) = to_int(ip);
             let new_address = match self.addresses.get_mut(&ip) {
                 Some(holders) => {
-                    let first_ports = holders
+                    let first = holders
                         .first_other(&key)
-                        .and_then(|first| self.services.get(first))
-                        .map_or(&[][..], Held::ports);
-                    holders.add(Arc::clone(&key), held.ports(), first_ports);
+                        .and_then(|first| self.services.get(first));
+                    let first = (
+                        first.map_or(&[][..], Held::ports),
+                        first.and_then(Held::tenancy),
+                    );
+                    holders.add(Arc::clone(&key), (held.ports(), held.tenancy()), first);
                     false
                 }
                 None => {
@@ -1290,8 +1267,8 @@ impl Allocator {
         // Service) changes nothing.
         if let Some(held) = self.services.get(request.key) {
             let same_namespaces = held.sharing.as_deref().is_none_or(|s| {
-                *s.namespace == *request.subject.namespace
-                    && s.admits == admits_of(request.sharing_namespaces)
+                *s.tenancy.0 == *request.subject.namespace
+                    && s.tenancy.1 == admits_of(request.sharing_namespaces)
             });
             if held.pool == pool
                 && *held.ips == *ips
@@ -1310,8 +1287,10 @@ impl Allocator {
                 Box::new(Sharing {
                     group: Arc::from(group),
                     ports: ports.into(),
-                    namespace: Arc::from(request.subject.namespace),
-                    admits: admits_of(request.sharing_namespaces),
+                    tenancy: (
+                        Arc::from(request.subject.namespace),
+                        admits_of(request.sharing_namespaces),
+                    ),
                 })
             }),
         };
@@ -1382,25 +1361,47 @@ impl Allocator {
         }
     }
 
-    /// The first holder of `ip` (other than the requester) whose namespace
-    /// rule refuses `request` (docs/cilium.md §3.4, rule 2). O(1) when no
-    /// holder restricts namespaces and neither does the request (MetalLB's
-    /// default); otherwise a walk over the holders of the one address.
+    /// The first holder of `ip` (other than the requester, in key order)
+    /// whose namespace rule refuses `request` (docs/cilium.md §3.4, rule 2).
+    /// O(1) when neither the request nor any holder restricts namespaces
+    /// (MetalLB's default); otherwise O(distinct tenancies of the holders),
+    /// plus a walk over the holders to name one when it is refused.
     fn namespace_refusal(&self, ip: IpAddr, request: &Request<'_>) -> Option<&Arc<str>> {
-        let restricted = self.restricted.contains_key(&ip);
-        if !restricted && request.sharing_namespaces == SharingNamespaces::Any {
+        let holders = self.addresses.get(&ip)?;
+        let admits = admits_of(request.sharing_namespaces);
+        let own = holders
+            .contains(request.key)
+            .then(|| self.services.get(request.key).and_then(Held::tenancy))
+            .flatten();
+        let (refused, steps) =
+            holders.tenancy_refuses(request.subject.namespace, admits.as_deref(), own);
+        self.step(steps);
+        let walk = || {
+            holders.iter().find(|holder| {
+                ***holder != *request.key
+                    && self
+                        .services
+                        .get(*holder)
+                        .and_then(|held| held.sharing.as_deref())
+                        .is_some_and(|sharing| {
+                            !namespaces_agree(request, admits.as_deref(), sharing)
+                        })
+            })
+        };
+        if refused == Some(false) {
+            #[cfg(all(test, debug_assertions))]
+            assert_eq!(walk(), None, "the tenancy index disagrees with a walk");
             return None;
         }
-        let holders = self.addresses.get(&ip)?;
-        holders.iter().find(|holder| {
-            self.step(1);
-            ***holder != *request.key
-                && self
-                    .services
-                    .get(*holder)
-                    .and_then(|held| held.sharing.as_deref())
-                    .is_some_and(|sharing| !namespaces_agree(request, sharing))
-        })
+        // Refused, or a single holder: name it (a walk, on this path only).
+        self.step(1);
+        let found = walk();
+        #[cfg(all(test, debug_assertions))]
+        assert!(
+            refused.is_none() || found.is_some(),
+            "the tenancy index disagrees with a walk"
+        );
+        found
     }
 
     /// Checks `ips` against every rule for `request`: families, one pool
@@ -1853,6 +1854,7 @@ impl Allocator {
         request: &Request<'_>,
     ) -> Option<u128> {
         let group = group_of_request(request);
+        let admits = admits_of(request.sharing_namespaces);
         let used = &state.family(family).used;
         let joinable = |range: &AddrRange, upper: u128| {
             group.as_deref().and_then(|group| {
@@ -1865,10 +1867,9 @@ impl Allocator {
                                 self.services.get(h).is_some_and(|held| {
                                     held.group() == Some(group)
                                         && !held.ports().iter().any(|p| request.ports.contains(p))
-                                        && held
-                                            .sharing
-                                            .as_deref()
-                                            .is_some_and(|s| namespaces_agree(request, s))
+                                        && held.sharing.as_deref().is_some_and(|s| {
+                                            namespaces_agree(request, admits.as_deref(), s)
+                                        })
                                 })
                             })
                         })
@@ -1921,6 +1922,20 @@ impl Allocator {
                 Err(error) => problems.push(format!("{ip} is held but {error}")),
             }
             *recount.entry((&*first.pool, Family::of(*ip))).or_default() += 1;
+            if holders.len() > 1 {
+                let mut tenancies: BTreeMap<Tenancy, u32> = BTreeMap::new();
+                for tenancy in helds.iter().filter_map(|(_, h)| h.and_then(Held::tenancy)) {
+                    *tenancies.entry(tenancy.clone()).or_insert(0) += 1;
+                }
+                let restricting = tenancies
+                    .iter()
+                    .filter(|(t, _)| t.1.is_some())
+                    .map(|(_, n)| *n)
+                    .sum::<u32>();
+                if holders.tenancy_counts() != Some((&tenancies, restricting)) {
+                    problems.push(format!("{ip}: the tenancy index is stale"));
+                }
+            }
             let mut seen: BTreeSet<&Port> = BTreeSet::new();
             for (holder, held) in &helds {
                 let Some(held) = held else {
@@ -1941,14 +1956,9 @@ impl Allocator {
                         ));
                     }
                     let namespaces_ok = helds.iter().all(|(_, other)| {
-                        let pair = (
-                            held.sharing.as_deref(),
-                            other.and_then(|o| o.sharing.as_deref()),
-                        );
-                        match pair {
+                        match (held.tenancy(), other.and_then(|o| o.tenancy())) {
                             (Some(a), Some(b)) => {
-                                a.namespace == b.namespace
-                                    || (a.admits(&b.namespace) && b.admits(&a.namespace))
+                                tenancies_agree(&a.0, a.1.as_deref(), &b.0, b.1.as_deref())
                             }
                             _ => true,
                         }
@@ -1965,16 +1975,6 @@ impl Allocator {
                     }
                 }
             }
-        }
-        let mut restricting: HashMap<IpAddr, u32> = HashMap::new();
-        for held in self.services.values().filter(|h| h.restricts()) {
-            for ip in held.ips.iter() {
-                *restricting.entry(*ip).or_insert(0) += 1;
-            }
-        }
-        let booked: HashMap<IpAddr, u32> = self.restricted.iter().map(|(k, v)| (*k, *v)).collect();
-        if restricting != booked {
-            problems.push("the namespace-restricting holders per address are stale".to_owned());
         }
         for (key, held) in &self.services {
             for ip in &held.ips {

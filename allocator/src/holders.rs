@@ -1,13 +1,34 @@
 //! Who holds one address: almost always one Service, kept inline; several
 //! only when they share it (docs/allocation.md §4.4), and then indexed by
-//! key and by port, so that checking a newcomer costs O(log H) for H
-//! holders, not a walk over them.
+//! key, by port and by tenancy (namespace and the namespaces it admits), so
+//! that checking a newcomer costs O(log H) for H holders (and, under the
+//! namespace rule, O(T) for T distinct tenancies), not a walk over them.
 
 use std::collections::BTreeSet;
 use std::ops::Bound::{Included, Unbounded};
 use std::sync::Arc;
 
+use std::collections::BTreeMap;
+
 use crate::request::Port;
+
+/// A holder's namespace and the other namespaces it admits (`None`: any),
+/// for Cilium's cross-namespace rule (docs/cilium.md §3.4, rule 2).
+pub(crate) type Tenancy = (Arc<str>, Option<Arc<[Box<str>]>>);
+
+/// Whether Services of tenancies `a` and `b` may share an address: one
+/// namespace, or each admits the other's.
+pub(crate) fn tenancies_agree(
+    a_namespace: &str,
+    a_admits: Option<&[Box<str>]>,
+    b_namespace: &str,
+    b_admits: Option<&[Box<str>]>,
+) -> bool {
+    let admits = |list: Option<&[Box<str>]>, namespace: &str| {
+        list.is_none_or(|list| list.iter().any(|n| &**n == namespace))
+    };
+    a_namespace == b_namespace || (admits(a_admits, b_namespace) && admits(b_admits, a_namespace))
+}
 
 #[derive(Debug)]
 pub(crate) enum Holders {
@@ -26,6 +47,39 @@ pub(crate) struct Shared {
     keys: BTreeSet<Arc<str>>,
     /// Each holder's ports, by port: who already has a port on the address.
     ports: BTreeSet<(Port, Arc<str>)>,
+    /// How many holders have each tenancy: the namespace rule asks once
+    /// per distinct tenancy, not per holder.
+    tenancies: BTreeMap<Tenancy, u32>,
+    /// How many holders restrict the namespaces they admit: none (MetalLB's
+    /// default) lets an unrestricted newcomer in without a look.
+    restricted: u32,
+}
+
+impl Shared {
+    fn count_tenancy(&mut self, tenancy: Option<&Tenancy>) {
+        let Some(tenancy) = tenancy else {
+            return;
+        };
+        *self.tenancies.entry(tenancy.clone()).or_insert(0) += 1;
+        if tenancy.1.is_some() {
+            self.restricted += 1;
+        }
+    }
+
+    fn uncount_tenancy(&mut self, tenancy: Option<&Tenancy>) {
+        let Some(tenancy) = tenancy else {
+            return;
+        };
+        if let Some(count) = self.tenancies.get_mut(tenancy) {
+            *count -= 1;
+            if *count == 0 {
+                self.tenancies.remove(tenancy);
+            }
+            if tenancy.1.is_some() {
+                self.restricted = self.restricted.saturating_sub(1);
+            }
+        }
+    }
 }
 
 impl Holders {
@@ -58,30 +112,38 @@ impl Holders {
         }
     }
 
-    /// Adds `key` with its `ports`; `first_ports` are the ports of the one
-    /// holder so far, needed when the address becomes shared.
-    pub(crate) fn add(&mut self, key: Arc<str>, ports: &[Port], first_ports: &[Port]) {
+    /// Adds `key` with its `ports` and tenancy; `first` are the ports and
+    /// tenancy of the one holder so far, needed when the address becomes
+    /// shared.
+    pub(crate) fn add(
+        &mut self,
+        key: Arc<str>,
+        (ports, tenancy): (&[Port], Option<&Tenancy>),
+        first: (&[Port], Option<&Tenancy>),
+    ) {
         if self.contains(&key) {
             return;
         }
-        if let Holders::One(first) = self {
+        if let Holders::One(holder) = self {
             let mut shared = Shared::default();
-            for port in first_ports {
-                shared.ports.insert((port.clone(), Arc::clone(first)));
+            for port in first.0 {
+                shared.ports.insert((port.clone(), Arc::clone(holder)));
             }
-            shared.keys.insert(Arc::clone(first));
+            shared.count_tenancy(first.1);
+            shared.keys.insert(Arc::clone(holder));
             *self = Holders::Shared(Box::new(shared));
         }
         if let Holders::Shared(shared) = self {
             for port in ports {
                 shared.ports.insert((port.clone(), Arc::clone(&key)));
             }
+            shared.count_tenancy(tenancy);
             shared.keys.insert(key);
         }
     }
 
-    /// Removes `key` with its `ports`; false when nobody is left.
-    pub(crate) fn remove(&mut self, key: &str, ports: &[Port]) -> bool {
+    /// Removes `key` with its `ports` and tenancy; false when nobody is left.
+    pub(crate) fn remove(&mut self, key: &str, ports: &[Port], tenancy: Option<&Tenancy>) -> bool {
         match self {
             Holders::One(holder) => &**holder != key,
             Holders::Shared(shared) => {
@@ -91,6 +153,7 @@ impl Holders {
                 for port in ports {
                     shared.ports.remove(&(port.clone(), Arc::clone(&removed)));
                 }
+                shared.uncount_tenancy(tenancy);
                 if shared.keys.len() == 1 {
                     if let Some(only) = shared.keys.pop_first() {
                         *self = Holders::One(only);
@@ -98,6 +161,43 @@ impl Holders {
                 }
                 !matches!(self, Holders::Shared(s) if s.keys.is_empty())
             }
+        }
+    }
+
+    /// For a shared address: whether some holder (other than one of tenancy
+    /// `own`, the requester's if it holds the address) refuses a newcomer
+    /// in `namespace` admitting `admits` under the namespace rule, with the
+    /// number of tenancies looked at. `None` for a single holder (the
+    /// caller checks it). O(1) when neither the newcomer nor any holder
+    /// restricts namespaces; else O(distinct tenancies).
+    pub(crate) fn tenancy_refuses(
+        &self,
+        namespace: &str,
+        admits: Option<&[Box<str>]>,
+        own: Option<&Tenancy>,
+    ) -> (Option<bool>, u64) {
+        let Holders::Shared(shared) = self else {
+            return (None, 0);
+        };
+        if shared.restricted == 0 && admits.is_none() {
+            return (Some(false), 1);
+        }
+        let mut steps = 0;
+        for (tenancy, count) in &shared.tenancies {
+            steps += 1;
+            let others = count - u32::from(own == Some(tenancy));
+            if others > 0 && !tenancies_agree(namespace, admits, &tenancy.0, tenancy.1.as_deref()) {
+                return (Some(true), steps);
+            }
+        }
+        (Some(false), steps)
+    }
+
+    /// The tenancy counts of a shared address (for the invariant check).
+    pub(crate) fn tenancy_counts(&self) -> Option<(&BTreeMap<Tenancy, u32>, u32)> {
+        match self {
+            Holders::One(_) => None,
+            Holders::Shared(shared) => Some((&shared.tenancies, shared.restricted)),
         }
     }
 

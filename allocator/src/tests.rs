@@ -1499,4 +1499,37 @@ mod cilium {
             "10.0.0.0"
         );
     }
+
+    #[test]
+    fn the_namespace_rule_asks_once_per_tenancy_not_per_holder() {
+        let mut a = Allocator::new();
+        a.set_pool("p", &pool_spec(&["10.0.0.0/30"]));
+        // 200 Services of namespace a, all admitting b: one tenancy.
+        for i in 0..200 {
+            let s = svc(&format!("a/s{i}"))
+                .cilium_share("k", &[1000 + i])
+                .admitting(&["b"]);
+            assert_eq!(one(&mut a, &s), "10.0.0.0");
+        }
+        let newcomer = svc("b/n").cilium_share("k", &[80]).admitting(&["a"]);
+        let before = a.steps();
+        assert!(a.can_keep(&newcomer.req(), &ips(&["10.0.0.0"])).is_ok());
+        let cost = a.steps() - before;
+        assert!(cost < 20, "the check cost {cost} steps");
+        // One more holder that admits nobody: refused, and named.
+        let closed = svc("a/closed").cilium_share("k", &[81]);
+        a.keep(&closed.req(), &ips(&["10.0.0.0"])).unwrap();
+        assert_eq!(
+            a.can_keep(&newcomer.req(), &ips(&["10.0.0.0"])),
+            Err(AllocError::Taken {
+                ip: ip("10.0.0.0"),
+                conflict: ShareConflict::Namespace {
+                    holder: "a/closed".into()
+                }
+            })
+        );
+        // Allocated, it goes elsewhere.
+        assert_eq!(one(&mut a, &newcomer), "10.0.0.1");
+        a.check_invariants().unwrap();
+    }
 }
