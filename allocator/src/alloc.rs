@@ -1367,7 +1367,26 @@ impl Allocator {
     /// (MetalLB's default); otherwise O(distinct tenancies of the holders),
     /// plus a walk over the holders to name one when it is refused.
     fn namespace_refusal(&self, ip: IpAddr, request: &Request<'_>) -> Option<&Arc<str>> {
-        let holders = self.addresses.get(&ip)?;
+        self.namespace_check(ip, request, true).err().flatten()
+    }
+
+    /// Whether the namespace rule refuses `request` on `ip`, without naming
+    /// a holder: O(1) or O(distinct tenancies), never a walk over holders.
+    fn namespace_refuses(&self, ip: IpAddr, request: &Request<'_>) -> bool {
+        self.namespace_check(ip, request, false).is_err()
+    }
+
+    /// [`Allocator::namespace_refusal`]; `name`: find the refusing holder
+    /// (a walk over the holders, on refusal only).
+    fn namespace_check(
+        &self,
+        ip: IpAddr,
+        request: &Request<'_>,
+        name: bool,
+    ) -> Result<(), Option<&Arc<str>>> {
+        let Some(holders) = self.addresses.get(&ip) else {
+            return Ok(());
+        };
         let admits = admits_of(request.sharing_namespaces);
         let own = holders
             .contains(request.key)
@@ -1391,9 +1410,14 @@ impl Allocator {
         if refused == Some(false) {
             #[cfg(all(test, debug_assertions))]
             assert_eq!(walk(), None, "the tenancy index disagrees with a walk");
-            return None;
+            return Ok(());
         }
-        // Refused, or a single holder: name it (a walk, on this path only).
+        if refused == Some(true) && !name {
+            #[cfg(all(test, debug_assertions))]
+            assert!(walk().is_some(), "the tenancy index disagrees with a walk");
+            return Err(None);
+        }
+        // Refused, or a single holder (one look): name it.
         self.step(1);
         let found = walk();
         #[cfg(all(test, debug_assertions))]
@@ -1401,7 +1425,10 @@ impl Allocator {
             refused.is_none() || found.is_some(),
             "the tenancy index disagrees with a walk"
         );
-        found
+        match found {
+            Some(holder) => Err(Some(holder)),
+            None => Ok(()),
+        }
     }
 
     /// Checks `ips` against every rule for `request`: families, one pool
@@ -1831,10 +1858,7 @@ impl Allocator {
             let (found, steps) = index.first_without(request.ports, from, until);
             self.step(steps);
             let rank = found?;
-            if self
-                .namespace_refusal(from_int(family, rank.1), request)
-                .is_none()
-            {
+            if !self.namespace_refuses(from_int(family, rank.1), request) {
                 return Some(rank);
             }
             from = match rank.1.checked_add(1) {
