@@ -122,9 +122,11 @@ impl Allocator {
                 .and_then(|name| self.pools.get(&name))
                 .into_iter()
                 .collect(),
+            // `metallb.io/address-pool` names IPAddressPools only.
             Step::RequestedPool => request
                 .pool
                 .and_then(|name| self.pools.get(name))
+                .filter(|state| state.pool.kind == crate::pool::PoolKind::IPAddressPool)
                 .into_iter()
                 .collect(),
             Step::PoolOrder => self.in_pool_order(),

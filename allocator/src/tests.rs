@@ -1362,6 +1362,12 @@ mod cilium {
             alloc(&mut a, &svc("ns/a").in_pool("c").asking(&["10.0.0.1"])),
             Err(AllocError::CiliumPoolNamed { pool: "c".into() })
         );
+        let explained = a.explain(&svc("ns/a").in_pool("c").req());
+        assert!(explained.pools.is_empty());
+        assert!(matches!(
+            explained.outcome,
+            Err(AllocError::CiliumPoolNamed { .. })
+        ));
         // A rejected Cilium pool of that name gives the same hint.
         a.set_cilium_pool("r", &cidrs(&["10.0.0.0/30"]));
         assert!(matches!(
