@@ -1082,6 +1082,50 @@ mod cost {
         assert!(change.changed.len() >= (N - 1) as usize);
         assert_linear(&a, N, 8);
     }
+
+    /// Cilium pools cost what IPAddressPools do: many small pools with
+    /// reserved ends, added one by one and filled.
+    #[test]
+    fn many_small_cilium_pools_with_reserved_ends() {
+        let mut a = Allocator::new();
+        for p in 0..N {
+            let spec = crate::cilium::CiliumLoadBalancerIPPoolSpec {
+                blocks: vec![crate::cilium::CiliumBlock {
+                    cidr: Some(format!("{}/30", v4(4 * p))),
+                    ..Default::default()
+                }],
+                allow_first_last_ips: Some("No".into()),
+                ..Default::default()
+            };
+            a.set_cilium_pool(&format!("p{p:05}"), &spec);
+            for extra in 1..3 {
+                let holding = a.allocate(&svc(&format!("ns/s{p}-{extra}")).req()).unwrap();
+                assert_eq!(holding.ips, vec![ip(&v4(4 * p + extra))]);
+            }
+        }
+        assert_eq!(a.len(), 2 * N as usize);
+        assert_linear(&a, 2 * N, 8);
+    }
+
+    /// Cilium keys with cross-namespace lists, from several namespaces,
+    /// each its own port, stack on one address: the namespace rule asks per
+    /// tenancy, and a Cilium key joins its group's address at once.
+    #[test]
+    fn one_cilium_key_from_four_namespaces_stacks_on_one_address() {
+        let mut a = with_pools(&[("p", &["10.0.0.0/16"])]);
+        for i in 0..N {
+            let port = i32::try_from(i).unwrap() + 1;
+            let s = svc(&format!("ns{}/s{i}", i % 4))
+                .cilium_share("k", &[port])
+                .admitting(&["*"]);
+            assert_eq!(a.allocate(&s.req()).unwrap().ips, vec![ip(&v4(0))]);
+        }
+        let listed = svc("ns9/listed")
+            .cilium_share("k", &[0])
+            .admitting(&["ns0", "ns1", "ns2", "ns3"]);
+        assert_eq!(a.allocate(&listed.req()).unwrap().ips, vec![ip(&v4(0))]);
+        assert_linear(&a, N + 1, 16);
+    }
 }
 
 // ----- Cilium pools and sharing (docs/cilium.md §2, §3.4, §4) -----
