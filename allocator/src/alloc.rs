@@ -1658,17 +1658,21 @@ impl Allocator {
         Err(self.no_fit(request, &serving))
     }
 
-    /// For a Cilium key: the first automatic pool (in order, per family
-    /// pass) where its group holds addresses it may join, of every family
-    /// of the pass (docs/cilium.md §4.3 step 3). Looks only at the pools
-    /// where the group stands.
+    /// For a Cilium key: the first automatic pool (in order) where its
+    /// group holds addresses it may join, of every family it needs
+    /// (docs/cilium.md §4.3 step 3). Looks only at the pools where the
+    /// group stands.
     fn join_first(
         &self,
         request: &Request<'_>,
         group: Option<&str>,
     ) -> Option<(Arc<str>, Vec<IpAddr>)> {
         group?;
-        for families in Self::passes(request.families) {
+        // Only the first family pass: a dual-stack Service joins both
+        // families at once or goes on to the usual order, which still
+        // prefers its group's addresses within each pool (lowest_fit), so
+        // both families from one pool keep their precedence (§4.3).
+        for families in Self::passes(request.families).iter().take(1) {
             let (_, stacking) = self.auto_candidates(families, group);
             for key in stacking {
                 self.step(1);

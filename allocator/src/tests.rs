@@ -1548,6 +1548,15 @@ mod cilium {
             one(&mut a, &svc("ns/c5").cilium_share("j", &[80])),
             "10.0.0.0"
         );
+        // A dual-stack Service joins both families of its group at once.
+        a.set_pool("d", &pool_spec(&["10.0.2.0/30", "fd00::/126"]));
+        let c6 = svc("ns/c6")
+            .dual()
+            .cilium_share("d", &[80])
+            .asking(&["10.0.2.1", "fd00::1"]);
+        alloc(&mut a, &c6).unwrap();
+        let c7 = svc("ns/c7").dual().cilium_share("d", &[81]);
+        assert_eq!(one(&mut a, &c7), "10.0.2.1,fd00::1");
     }
 
     #[test]
