@@ -1,7 +1,8 @@
 //! The Kubernetes object types of address pools, MetalLB's `IPAddressPool`
-//! and Cilium's `CiliumLoadBalancerIPPool`, shared by every crate: the
-//! allocator parses the specs, and the watchers decode the objects without
-//! depending on the allocator.
+//! and Cilium's `CiliumLoadBalancerIPPool`, in a small crate of their own
+//! shared by every crate, so that `subscriber` (and any watcher) need not
+//! depend on the allocator: the allocator parses the specs
+//! (docs/allocation.md §3), the watchers decode the objects.
 //!
 //! Values are kept raw, exactly as a cluster returns them: validation is the
 //! allocator's parsers' job, so a bad value is a rejected pool, not a decode
