@@ -12,7 +12,7 @@
 //! ([`Allocator::allocate`]) following docs/allocation.md §4.3–4.4.
 //!
 //! Addresses of both families are `u128`s. Each pool keeps the addresses in
-//! use as coalesced runs ([`used`]), so the lowest free address is one
+//! use as coalesced runs (module `used`), so the lowest free address is one
 //! `BTreeMap` lookup whatever the pool size (an IPv6 /64 costs what a /30
 //! does), and memory grows with addresses in use, never with pool size.
 //! Sharing Services are also indexed by (sharing key, backend key), so a
