@@ -311,6 +311,12 @@ impl Harness {
         self.add(svc).await;
     }
 
+    async fn delete(&self, key: &str) {
+        let (_, old) = self.store.services.remove(key).expect("no such service");
+        self.manager.on_delete(&*old).await.unwrap();
+        self.settle().await;
+    }
+
     /// Adds or updates the `IPAddressPool` `name`.
     async fn pool(&self, name: &str, spec: Value) {
         let pool: IPAddressPool = serde_json::from_value(json!({
@@ -647,6 +653,55 @@ mod cross_namespace {
     }
 }
 
+// ----- docs/cilium.md §3.4 rule 5: externalTrafficPolicy Local -----
+
+mod local_policy {
+    use super::*;
+
+    fn local(svc: Svc, selector: Option<&str>) -> Svc {
+        svc.set(&["spec", "externalTrafficPolicy"], json!("Local"))
+            .set(
+                &["spec", "selector"],
+                selector.map_or(Value::Null, |app| json!({ "app": app })),
+            )
+    }
+
+    #[tokio::test]
+    async fn cilium_keys_share_local_services_with_the_same_selector_only() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.add(local(svc("ns/a").cilium_key("k").port(80), Some("web")))
+            .await;
+        h.add(local(svc("ns/b").cilium_key("k").port(81), Some("web")))
+            .await;
+        h.add(local(svc("ns/c").cilium_key("k").port(82), Some("db")))
+            .await;
+        h.add(local(svc("ns/d").cilium_key("k").port(83), None))
+            .await;
+        h.add(local(svc("ns/e").cilium_key("k").port(84), None))
+            .await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.0");
+        assert_eq!(h.ips("ns/b"), "10.0.10.0");
+        assert_eq!(h.ips("ns/c"), "10.0.10.1");
+        // Without a selector, never shared (not even with each other).
+        assert_eq!(h.ips("ns/d"), "10.0.10.2");
+        assert_eq!(h.ips("ns/e"), "10.0.10.3");
+        // A MetalLB key keeps MetalLB's rule: two selector-less Local
+        // Services share.
+        h.add(local(
+            svc("ns/f").ann("metallb.io/allow-shared-ip", "k").port(85),
+            None,
+        ))
+        .await;
+        h.add(local(
+            svc("ns/g").ann("metallb.io/allow-shared-ip", "k").port(86),
+            None,
+        ))
+        .await;
+        assert_eq!(h.ips("ns/g"), h.ips("ns/f"));
+    }
+}
+
 // ----- docs/cilium.md §3.6: the condition -----
 
 mod condition {
@@ -873,6 +928,27 @@ mod mixed_order {
         assert_eq!(pool_of("ns/s2").as_deref(), Some("b-pinned"));
         // None for a Cilium pool's, as Cilium writes none (docs/cilium.md §5).
         assert_eq!(pool_of("ns/s3"), None);
+    }
+
+    /// A Cilium key joins an address its key holds before taking a free
+    /// one (docs/cilium.md §4.3 item 3); a MetalLB key takes the first
+    /// address that is free or shareable.
+    #[tokio::test]
+    async fn cilium_key_joins_before_a_fresh_address() {
+        let h = Harness::new().await;
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.add(svc("ns/plain")).await;
+        h.add(svc("ns/c1").cilium_key("k").port(80)).await;
+        h.add(svc("ns/m1").ann("metallb.io/allow-shared-ip", "k").port(80))
+            .await;
+        assert_eq!(h.ips("ns/c1"), "10.0.10.1");
+        assert_eq!(h.ips("ns/m1"), "10.0.10.2");
+        h.delete("ns/plain").await;
+        h.add(svc("ns/c2").cilium_key("k").port(81)).await;
+        h.add(svc("ns/m2").ann("metallb.io/allow-shared-ip", "k").port(81))
+            .await;
+        assert_eq!(h.ips("ns/c2"), "10.0.10.1");
+        assert_eq!(h.ips("ns/m2"), "10.0.10.0");
     }
 
     /// `metallb.io/address-pool` names IPAddressPools only (docs/cilium.md
