@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use subscriber::{Error, Handler, IPAddressPool, Keyed};
+use subscriber::{CiliumLoadBalancerIPPool, Error, Handler, IPAddressPool, Keyed};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -72,6 +72,9 @@ enum QueueKey {
     /// `namespace/name`.
     Service(String),
     Pool(String),
+    /// A `CiliumLoadBalancerIPPool`: a key of its own, since the object is
+    /// another one even where the name is an `IPAddressPool`'s too.
+    CiliumPool(String),
     Namespace(String),
 }
 
@@ -80,13 +83,17 @@ impl QueueKey {
         match self {
             QueueKey::Service(_) => "Service",
             QueueKey::Pool(_) => "IPAddressPool",
+            QueueKey::CiliumPool(_) => "CiliumLoadBalancerIPPool",
             QueueKey::Namespace(_) => "Namespace",
         }
     }
 
     fn name(&self) -> &str {
         match self {
-            QueueKey::Service(name) | QueueKey::Pool(name) | QueueKey::Namespace(name) => name,
+            QueueKey::Service(name)
+            | QueueKey::Pool(name)
+            | QueueKey::CiliumPool(name)
+            | QueueKey::Namespace(name) => name,
         }
     }
 }
@@ -386,7 +393,8 @@ impl State {
         Some(key)
     }
 
-    /// Takes the first Pool or Namespace key (sync, first pass).
+    /// Takes the first pool (of either kind) or Namespace key (sync, first
+    /// pass).
     fn pop_non_service(&mut self) -> Option<QueueKey> {
         let index = self
             .queue
@@ -548,7 +556,7 @@ impl State {
             .chain(self.retry_of.keys());
         let services = keys.filter_map(|key| match key {
             QueueKey::Service(name) => Some(name.clone()),
-            QueueKey::Pool(_) | QueueKey::Namespace(_) => None,
+            QueueKey::Pool(_) | QueueKey::CiliumPool(_) | QueueKey::Namespace(_) => None,
         });
         services
             .chain(self.waiting.entries.keys().cloned())
@@ -873,6 +881,13 @@ impl<C: Controller> Manager<C> {
                     pool.is_none(),
                 )
             }
+            QueueKey::CiliumPool(name) => {
+                let pool = store.cilium_pool(name);
+                (
+                    controller.set_cilium_pool(name, pool.as_deref()).await,
+                    pool.is_none(),
+                )
+            }
             QueueKey::Namespace(name) => {
                 let namespace = store.namespace(name);
                 (
@@ -965,6 +980,28 @@ impl<C: Controller> Handler<IPAddressPool> for Manager<C> {
     }
 }
 
+/// Cilium pools: as `IPAddressPool`s, by name, under a key of their own
+/// kind (docs/cilium.md §2).
+#[async_trait]
+impl<C: Controller> Handler<CiliumLoadBalancerIPPool> for Manager<C> {
+    async fn on_add(&self, pool: &CiliumLoadBalancerIPPool) -> Result<(), Error> {
+        self.push(QueueKey::CiliumPool(pool.key()?), |_| {});
+        Ok(())
+    }
+
+    async fn on_update(
+        &self,
+        _old: &CiliumLoadBalancerIPPool,
+        new: &CiliumLoadBalancerIPPool,
+    ) -> Result<(), Error> {
+        self.on_add(new).await
+    }
+
+    async fn on_delete(&self, pool: &CiliumLoadBalancerIPPool) -> Result<(), Error> {
+        self.on_add(pool).await
+    }
+}
+
 /// Namespaces: as pools, by name.
 #[async_trait]
 impl<C: Controller> Handler<Namespace> for Manager<C> {
@@ -1041,6 +1078,14 @@ mod tests {
 
         async fn set_pool(&self, name: &str, pool: Option<&IPAddressPool>) -> SyncOutcome {
             self.call(format!("pool{} {name}", deleted(pool.is_some())), name)
+        }
+
+        async fn set_cilium_pool(
+            &self,
+            name: &str,
+            pool: Option<&CiliumLoadBalancerIPPool>,
+        ) -> SyncOutcome {
+            self.call(format!("cilium{} {name}", deleted(pool.is_some())), name)
         }
 
         async fn set_namespace(&self, name: &str, namespace: Option<&Namespace>) -> SyncOutcome {
@@ -1167,6 +1212,30 @@ mod tests {
             };
             self.store.pools.insert(name.into(), Arc::new(pool.clone()));
             self.manager.on_add(&pool).await.unwrap();
+        }
+
+        /// Adds the `CiliumLoadBalancerIPPool` `name`, or updates it.
+        async fn add_cilium_pool(&self, name: &str) {
+            let pool = CiliumLoadBalancerIPPool {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let old = self
+                .store
+                .cilium_pools
+                .insert(name.into(), Arc::new(pool.clone()));
+            match old {
+                Some(old) => self.manager.on_update(&*old, &pool).await.unwrap(),
+                None => self.manager.on_add(&pool).await.unwrap(),
+            }
+        }
+
+        async fn delete_cilium_pool(&self, name: &str) {
+            let (_, old) = self.store.cilium_pools.remove(name).unwrap();
+            self.manager.on_delete(&*old).await.unwrap();
         }
 
         async fn add_namespace(&self, name: &str) {
@@ -1504,6 +1573,81 @@ mod tests {
             ["svc ns/w2", "svc ns/a", "svc ns/b", "svc ns/u", "svc ns/o"]
         );
         assert_eq!(h.manager.waiting_keys(), ["ns/b", "ns/c", "ns/u", "ns/o"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cilium_pools_are_applied_with_the_other_pools_before_services_at_sync() {
+        let h = harness(ManagerConfig::default());
+        h.add("ns/s1", true).await;
+        h.add_cilium_pool("blue").await;
+        h.add_pool("p1").await;
+        h.add("ns/s2", true).await;
+        // Same name, other kind: another object, so another key (the
+        // allocator rejects the newer of the two, docs/cilium.md §2.6).
+        h.add_pool("blue").await;
+        h.add_cilium_pool("green").await;
+        let worker = h.start();
+        h.manager.mark_synced();
+        h.manager.idle().await;
+        assert_eq!(
+            h.take_calls(),
+            [
+                "cilium blue",
+                "pool p1",
+                "pool blue",
+                "cilium green",
+                "restore ns/s1",
+                "restore ns/s2",
+                "synced",
+                "svc ns/s1",
+                "svc ns/s2",
+            ]
+        );
+        h.cancel.cancel();
+        worker.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cilium_pool_event_reads_the_store_and_may_reconsider_every_service() {
+        let h = harness(ManagerConfig::default());
+        h.add("ns/s1", true).await;
+        let worker = h.synced().await;
+
+        // An update, twice before the worker runs: one key, processed once.
+        h.add_cilium_pool("blue").await;
+        h.add_cilium_pool("blue").await;
+        h.manager.idle().await;
+        assert_eq!(h.take_calls(), ["cilium blue"]);
+
+        // A change the controller says may move addresses: both passes.
+        h.script(
+            "blue",
+            [SyncOutcome {
+                reconsider: Reconsider::All,
+                ..SyncOutcome::success()
+            }],
+        );
+        h.delete_cilium_pool("blue").await;
+        h.manager.idle().await;
+        assert_eq!(
+            h.take_calls(),
+            ["cilium- blue", "restore ns/s1", "svc ns/s1"]
+        );
+
+        // Without a name: an error, never a panic.
+        let error = h
+            .manager
+            .on_add(&CiliumLoadBalancerIPPool::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            Error::MissingName {
+                kind: "CiliumLoadBalancerIPPool"
+            }
+        ));
+        h.cancel.cancel();
+        worker.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use subscriber::IPAddressPool;
+use subscriber::{CiliumLoadBalancerIPPool, IPAddressPool};
 
 /// Read access to the host's current objects. The worker reads the current
 /// object of a key from here when it processes the key (absent: deleted), so
@@ -23,9 +23,20 @@ pub trait Store: Send + Sync + 'static {
     fn pool_names(&self) -> Vec<String>;
     /// The Namespace named `name`.
     fn namespace(&self, name: &str) -> Option<Arc<Namespace>>;
+    /// The `CiliumLoadBalancerIPPool` named `name`. The default is for a
+    /// host that watches no Cilium pools (and so delivers no events of
+    /// them): there are none.
+    fn cilium_pool(&self, name: &str) -> Option<Arc<CiliumLoadBalancerIPPool>> {
+        let _ = name;
+        None
+    }
+    /// Every Cilium pool name in the store, in no particular order.
+    fn cilium_pool_names(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
-/// A [`Store`] over three concurrent maps, for hosts without a store of their
+/// A [`Store`] over four concurrent maps, for hosts without a store of their
 /// own (and for tests).
 #[derive(Debug, Default)]
 pub struct DashMapStore {
@@ -35,6 +46,8 @@ pub struct DashMapStore {
     pub pools: DashMap<String, Arc<IPAddressPool>>,
     /// Namespaces by name.
     pub namespaces: DashMap<String, Arc<Namespace>>,
+    /// `CiliumLoadBalancerIPPool`s by name.
+    pub cilium_pools: DashMap<String, Arc<CiliumLoadBalancerIPPool>>,
 }
 
 impl Store for DashMapStore {
@@ -63,5 +76,18 @@ impl Store for DashMapStore {
         self.namespaces
             .get(name)
             .map(|entry| Arc::clone(entry.value()))
+    }
+
+    fn cilium_pool(&self, name: &str) -> Option<Arc<CiliumLoadBalancerIPPool>> {
+        self.cilium_pools
+            .get(name)
+            .map(|entry| Arc::clone(entry.value()))
+    }
+
+    fn cilium_pool_names(&self) -> Vec<String> {
+        self.cilium_pools
+            .iter()
+            .map(|entry| entry.key().clone())
+            .collect()
     }
 }

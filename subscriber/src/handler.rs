@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::{Error, IPAddressPool};
+use crate::{CiliumLoadBalancerIPPool, Error, IPAddressPool};
 
 /// Receives the events of one kind `K` (a Service, a pool, a Namespace):
 /// the same three calls for every kind, as a watch delivers them.
@@ -58,6 +58,16 @@ impl Keyed for Service {
 /// Keyed by name: the namespace a pool lives in does not matter.
 impl Keyed for IPAddressPool {
     const KIND: &'static str = "IPAddressPool";
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+}
+
+/// Keyed by name: cluster-scoped, and one name space with `IPAddressPool`s
+/// (docs/cilium.md §2.6).
+impl Keyed for CiliumLoadBalancerIPPool {
+    const KIND: &'static str = "CiliumLoadBalancerIPPool";
 
     fn metadata(&self) -> &ObjectMeta {
         &self.metadata
@@ -136,6 +146,17 @@ mod tests {
                 kind: "IPAddressPool"
             }
         ));
+
+        let cilium = CiliumLoadBalancerIPPool {
+            metadata: meta(None, Some("blue")),
+            ..Default::default()
+        };
+        assert_eq!(cilium.key().unwrap(), "blue");
+        let error = CiliumLoadBalancerIPPool::default().key().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "a CiliumLoadBalancerIPPool without metadata.name has no key"
+        );
 
         let namespace = Namespace {
             metadata: meta(None, Some("ns")),
