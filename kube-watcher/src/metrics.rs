@@ -2,8 +2,8 @@
 //! leading controller at scrape time, and the small HTTP server that serves
 //! them with `/healthz` and `/readyz`.
 //!
-//! - `metallb_allocator_addresses_total{pool,ip_family}` and
-//!   `metallb_allocator_addresses_in_use_total{pool,ip_family}`: MetalLB's
+//! - `metallb_allocator_addresses_total{pool,kind,ip_family}` and
+//!   `metallb_allocator_addresses_in_use_total{pool,kind,ip_family}`: MetalLB's
 //!   gauges, per accepted pool and family (only on the leader, which is the
 //!   only replica with an allocator).
 //! - `metallb_allocator_services_unassigned{reason}`: the Services of our
@@ -251,7 +251,8 @@ impl Collector for ControllerCollector {
     }
 }
 
-/// The per-pool gauges: usable and in-use addresses per family.
+/// The per-pool gauges: usable and in-use addresses per family, labelled
+/// with the pool's kind (`IPAddressPool`, `CiliumLoadBalancerIPPool`).
 fn encode_pools(
     encoder: &mut DescriptorEncoder<'_>,
     pools: &[allocator::PoolStats],
@@ -271,7 +272,13 @@ fn encode_pools(
         let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
         for pool in pools {
             for (family, stats) in [("ipv4", &pool.ipv4), ("ipv6", &pool.ipv6)] {
-                let labels = [("pool", pool.name.as_str()), ("ip_family", family)];
+                // Names may repeat across kinds (docs/cilium.md §2.8).
+                let kind = pool.kind.to_string();
+                let labels = [
+                    ("pool", pool.name.as_str()),
+                    ("kind", kind.as_str()),
+                    ("ip_family", family),
+                ];
                 let value = if in_use {
                     stats.assigned
                 } else {
@@ -487,5 +494,46 @@ mod tests {
             text.contains("# TYPE metallb_allocator_addresses_total gauge"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn pool_gauges_carry_the_pools_kind() {
+        let family = |total: u128, assigned: u128| allocator::FamilyStats {
+            total: allocator::AddressCount::new(total),
+            assigned,
+            reserved: 0,
+        };
+        let pools = [
+            allocator::PoolStats {
+                name: "blue".to_owned(),
+                kind: allocator::PoolKind::CiliumLoadBalancerIPPool,
+                ipv4: family(256, 3),
+                ipv6: family(0, 0),
+            },
+            allocator::PoolStats {
+                name: "default".to_owned(),
+                kind: allocator::PoolKind::IPAddressPool,
+                ipv4: family(16, 1),
+                ipv6: family(0, 0),
+            },
+        ];
+        #[derive(Debug)]
+        struct Pools(Vec<allocator::PoolStats>);
+        impl Collector for Pools {
+            fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+                encode_pools(&mut encoder, &self.0)
+            }
+        }
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(Pools(pools.to_vec())));
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "metallb_allocator_addresses_total{pool=\"blue\",kind=\"CiliumLoadBalancerIPPool\",ip_family=\"ipv4\"} 256.0\n",
+            "metallb_allocator_addresses_in_use_total{pool=\"blue\",kind=\"CiliumLoadBalancerIPPool\",ip_family=\"ipv4\"} 3.0\n",
+            "metallb_allocator_addresses_total{pool=\"default\",kind=\"IPAddressPool\",ip_family=\"ipv4\"} 16.0\n",
+        ] {
+            assert!(text.contains(line), "{line} missing in {text}");
+        }
     }
 }

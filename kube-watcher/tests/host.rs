@@ -160,8 +160,8 @@ async fn allocates_with_merge_patches_events_and_pool_status() {
 
     let text = host.metrics().render().unwrap();
     for line in [
-        "metallb_allocator_addresses_in_use_total{pool=\"default\",ip_family=\"ipv4\"} 1",
-        "metallb_allocator_addresses_total{pool=\"default\",ip_family=\"ipv4\"} 256",
+        "metallb_allocator_addresses_in_use_total{pool=\"default\",kind=\"IPAddressPool\",ip_family=\"ipv4\"} 1",
+        "metallb_allocator_addresses_total{pool=\"default\",kind=\"IPAddressPool\",ip_family=\"ipv4\"} 256",
         "kube_watcher_leader 1",
         "kube_watcher_synced 1",
     ] {
