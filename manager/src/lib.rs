@@ -6,11 +6,15 @@
 //! Start with [`Manager::new`], register it on a `subscriber` chain, call
 //! [`Manager::mark_synced`] when the host's initial list is complete.
 
+mod cilium_pool;
 mod client;
 mod controller;
 mod manager;
 mod store;
 
+pub use cilium_pool::{
+    cilium_pool_conditions, PoolCondition, IPS_AVAILABLE, IPS_TOTAL, IPS_USED, POOL_CONFLICT,
+};
 pub use client::{
     CiliumCondition, CiliumConditionChange, Client, ClientError, Event, EventType,
     ServiceCondition, ServiceWrite, CILIUM_CONDITION_TYPE, CONDITION_TYPE, POOL_ANNOTATION,

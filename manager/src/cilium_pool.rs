@@ -1,0 +1,164 @@
+//! The status conditions of a `CiliumLoadBalancerIPPool` as Cilium writes
+//! them (docs/cilium.md §2.8): three counts and the conflict state, from
+//! what the allocator made of the pool. Hosts write them (kube-watcher) or
+//! show them (the replay's `cilium_pools[]`, docs/replay.md §3).
+
+use allocator::{CiliumCounts, Family, Pool, PoolKind, PoolStats, RejectedPool, WideCount};
+use subscriber::CiliumLoadBalancerIPPool;
+
+/// `cilium.io/IPsTotal`.
+pub const IPS_TOTAL: &str = "cilium.io/IPsTotal";
+/// `cilium.io/IPsAvailable`.
+pub const IPS_AVAILABLE: &str = "cilium.io/IPsAvailable";
+/// `cilium.io/IPsUsed`.
+pub const IPS_USED: &str = "cilium.io/IPsUsed";
+/// `cilium.io/PoolConflict`.
+pub const POOL_CONFLICT: &str = "cilium.io/PoolConflict";
+
+/// One condition of a Cilium pool, without the timestamps and the
+/// generation a host adds when it writes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolCondition {
+    pub condition_type: &'static str,
+    /// `True`, `False` or `Unknown`.
+    pub status: &'static str,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The four conditions of the Cilium pool `pool`, in Cilium's order
+/// (`IPsTotal`, `IPsAvailable`, `IPsUsed`, `PoolConflict`), given the
+/// allocator's accepted pools (`stats`) and rejected pools (`rejected`).
+///
+/// An accepted pool counts its held addresses (once however many share
+/// one) and its reserved ends as used; a pool rejected for an overlap holds
+/// nothing, so its used count is its reserved ends, and its conflict names
+/// the older pool. `None` where Cilium would write nothing: a pool the
+/// allocator rejects for another reason (an invalid block or selector, or
+/// its name taken by an older `IPAddressPool`; docs/cilium.md §10, open
+/// question 2), or one it does not know.
+pub fn cilium_pool_conditions(
+    pool: &CiliumLoadBalancerIPPool,
+    stats: &[PoolStats],
+    rejected: &[RejectedPool],
+) -> Option<[PoolCondition; 4]> {
+    let name = pool.metadata.name.as_deref()?;
+    let cilium = PoolKind::CiliumLoadBalancerIPPool;
+    if let Some(stats) = stats.iter().find(|s| s.name == name && s.kind == cilium) {
+        return Some(conditions(stats.cilium_counts(), None));
+    }
+    let rejected = rejected
+        .iter()
+        .find(|r| r.name == name && r.kind == cilium)?;
+    let conflict = rejected.conflict.as_ref()?;
+    // It parses: an overlap is found only between parsed pools.
+    let parsed = Pool::parse_cilium(name, &pool.spec).ok()?;
+    let total = WideCount::sum(parsed.total(Family::V4), parsed.total(Family::V6));
+    let used = WideCount::from(parsed.reserved(Family::V4))
+        .plus(WideCount::from(parsed.reserved(Family::V6)));
+    let counts = CiliumCounts {
+        total,
+        used,
+        available: total.minus(used),
+    };
+    Some(conditions(counts, Some(conflict.cilium_message())))
+}
+
+fn conditions(counts: CiliumCounts, conflict: Option<String>) -> [PoolCondition; 4] {
+    let count = |condition_type, count: WideCount| PoolCondition {
+        condition_type,
+        status: "Unknown",
+        reason: "noreason",
+        message: count.to_string(),
+    };
+    let conflict = match conflict {
+        Some(message) => PoolCondition {
+            condition_type: POOL_CONFLICT,
+            status: "True",
+            reason: "cidr_overlap",
+            message,
+        },
+        None => PoolCondition {
+            condition_type: POOL_CONFLICT,
+            status: "False",
+            reason: "resolved",
+            message: String::new(),
+        },
+    };
+    [
+        count(IPS_TOTAL, counts.total),
+        count(IPS_AVAILABLE, counts.available),
+        count(IPS_USED, counts.used),
+        conflict,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use allocator::Allocator;
+    use serde_json::json;
+
+    use super::*;
+
+    fn pool(name: &str, spec: serde_json::Value) -> CiliumLoadBalancerIPPool {
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+    }
+
+    fn texts(conditions: Option<[PoolCondition; 4]>) -> Vec<String> {
+        conditions
+            .unwrap()
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {} {} {}",
+                    c.condition_type, c.status, c.reason, c.message
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn accepted_conflicting_and_other_pools() {
+        let mut allocator = Allocator::new();
+        let older = pool(
+            "older",
+            json!({"blocks": [{"cidr": "10.0.0.0/24"}], "allowFirstLastIPs": "No"}),
+        );
+        let newer = pool(
+            "newer",
+            json!({"blocks": [{"cidr": "10.0.0.128/25"}, {"cidr": "fd00::/64"}],
+                   "allowFirstLastIPs": "No"}),
+        );
+        let bad = pool("bad", json!({"blocks": [{"cidr": "10.0.0.0/33"}]}));
+        allocator.set_cilium_pool_created("older", &older.spec, Some(1));
+        allocator.set_cilium_pool_created("newer", &newer.spec, Some(2));
+        allocator.set_cilium_pool_created("bad", &bad.spec, Some(3));
+        let (stats, rejected) = (allocator.pool_stats(), allocator.rejected_pools());
+
+        assert_eq!(
+            texts(cilium_pool_conditions(&older, &stats, &rejected)),
+            [
+                "cilium.io/IPsTotal Unknown noreason 256",
+                "cilium.io/IPsAvailable Unknown noreason 254",
+                "cilium.io/IPsUsed Unknown noreason 2",
+                "cilium.io/PoolConflict False resolved ",
+            ]
+        );
+        // 128 + 2^64 addresses, four of them reserved ends.
+        assert_eq!(
+            texts(cilium_pool_conditions(&newer, &stats, &rejected)),
+            [
+                "cilium.io/IPsTotal Unknown noreason 18446744073709551744",
+                "cilium.io/IPsAvailable Unknown noreason 18446744073709551740",
+                "cilium.io/IPsUsed Unknown noreason 4",
+                "cilium.io/PoolConflict True cidr_overlap Pool conflicts since range \
+                 '10.0.0.128 - 10.0.0.255' overlaps range '10.0.0.0 - 10.0.0.255' from IP Pool 'older'",
+            ]
+        );
+        assert_eq!(cilium_pool_conditions(&bad, &stats, &rejected), None);
+        assert_eq!(
+            cilium_pool_conditions(&pool("unknown", json!({})), &stats, &rejected),
+            None
+        );
+    }
+}
