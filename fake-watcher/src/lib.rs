@@ -46,8 +46,8 @@ pub use replay::{
     ReplayOutput, WRITES_PER_LINE, WRITES_PER_SERVICE,
 };
 pub use result::{
-    Count, FamilyResult, HoldingRecord, PoolResult, RejectedPoolResult, ReplayResult,
-    ServiceResult, TraceEvent, TraceStep, MAX_SAFE_INTEGER,
+    CiliumPoolResult, Count, FamilyResult, HoldingRecord, PoolResult, RejectedPoolResult,
+    ReplayResult, ServiceResult, TraceEvent, TraceStep, MAX_SAFE_INTEGER,
 };
 pub use store::{Change, Delta, ReplayStore, StoreError, SERVICE_CIDR_V4, SERVICE_CIDR_V6};
 pub use stream::{

@@ -201,8 +201,8 @@ mod tests {
     use super::*;
     use crate::client::EventRecord;
     use crate::result::{
-        ConditionResult, Count, FamilyResult, PoolResult, RejectedPoolResult, ServiceResult,
-        MAX_SAFE_INTEGER,
+        CiliumPoolResult, ConditionResult, Count, FamilyResult, PoolResult, RejectedPoolResult,
+        ServiceResult, MAX_SAFE_INTEGER,
     };
 
     fn result() -> ReplayResult {
@@ -236,6 +236,7 @@ mod tests {
             ],
             pools: vec![PoolResult {
                 name: "default".into(),
+                kind: "IPAddressPool".into(),
                 ipv4: FamilyResult {
                     total: Count::from(256),
                     assigned: Count::from(1),
@@ -247,7 +248,17 @@ mod tests {
             }],
             rejected_pools: vec![RejectedPoolResult {
                 name: "old".into(),
+                kind: "CiliumLoadBalancerIPPool".into(),
                 reason: "overlaps".into(),
+            }],
+            cilium_pools: vec![CiliumPoolResult {
+                name: "old".into(),
+                conditions: vec![ConditionResult {
+                    condition_type: "cilium.io/IPsTotal".into(),
+                    status: "Unknown".into(),
+                    reason: "noreason".into(),
+                    message: "340282366920938463463374607431768211456".into(),
+                }],
             }],
         }
     }
@@ -315,7 +326,10 @@ prod        database   <pending>                                 <none>    Alloc
         let events = json.find("\"events\"").unwrap();
         let pools = json.find("\"pools\"").unwrap();
         let rejected = json.find("\"rejected_pools\"").unwrap();
-        assert!(services < events && events < pools && pools < rejected);
+        let cilium = json.find("\"cilium_pools\"").unwrap();
+        assert!(services < events && events < pools && pools < rejected && rejected < cilium);
+        // Cilium's counts are condition messages: exact decimal text.
+        assert!(json.contains("\"message\": \"340282366920938463463374607431768211456\""));
         assert!(
             json.contains("\"total\": \"18446744073709551616\""),
             "{json}"

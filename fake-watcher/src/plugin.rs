@@ -1,13 +1,13 @@
 //! The plugin wired as a host wires it: the [`ReplayStore`] as the shared
 //! cache, the [`MemoryClient`], the controller, and the manager registered
-//! on the Service, pool and Namespace chains with its worker running. The
+//! on the Service, pool (both kinds) and Namespace chains with its worker running. The
 //! replay drives it line by line; the benchmarks drive it directly.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use manager::{AllocatingController, Client, ControllerConfig, Manager, Store};
-use subscriber::{Chain, Handler, IPAddressPool};
+use subscriber::{Chain, CiliumLoadBalancerIPPool, Handler, IPAddressPool};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -33,6 +33,7 @@ pub struct Plugin {
     pub manager: Manager<AllocatingController>,
     services: Arc<Chain<Service>>,
     pools: Chain<IPAddressPool>,
+    cilium_pools: Chain<CiliumLoadBalancerIPPool>,
     namespaces: Chain<Namespace>,
     cancel: CancellationToken,
     /// `None` once joined.
@@ -60,6 +61,7 @@ impl Plugin {
             lb_class: options.lb_class.clone(),
             exhaustive: options.exhaustive,
             without_conditions: options.without_conditions,
+            ..ControllerConfig::default()
         };
         let controller = Arc::new(AllocatingController::new(
             Arc::clone(&cache) as Arc<dyn Store>,
@@ -76,6 +78,8 @@ impl Plugin {
         services.register("manager", Arc::clone(&handler) as Arc<dyn Handler<_>>);
         let mut pools = Chain::new();
         pools.register("manager", Arc::clone(&handler) as Arc<dyn Handler<_>>);
+        let mut cilium_pools = Chain::new();
+        cilium_pools.register("manager", Arc::clone(&handler) as Arc<dyn Handler<_>>);
         let mut namespaces = Chain::new();
         namespaces.register("manager", handler as Arc<dyn Handler<_>>);
         let services = Arc::new(services);
@@ -89,6 +93,7 @@ impl Plugin {
             manager,
             services,
             pools,
+            cilium_pools,
             namespaces,
             cancel,
             worker: Some(worker),
@@ -100,6 +105,7 @@ impl Plugin {
         match change {
             Change::Service(delta) => deliver(self.services.as_ref(), delta).await,
             Change::Pool(delta) => deliver(&self.pools, delta).await,
+            Change::CiliumPool(delta) => deliver(&self.cilium_pools, delta).await,
             Change::Namespace(delta) => deliver(&self.namespaces, delta).await,
             Change::None => Ok(()),
         }

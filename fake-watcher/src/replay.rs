@@ -16,14 +16,14 @@ use std::io::BufRead;
 
 use k8s_openapi::api::core::v1::Service;
 use manager::{ManagerConfig, POOL_ANNOTATION};
-use subscriber::IPAddressPool;
+use subscriber::{CiliumLoadBalancerIPPool, IPAddressPool};
 
 use crate::client::FailurePlan;
 use crate::lookahead::SPOOL_MEMORY_BYTES;
 use crate::plugin::{NotIdle, Plugin};
 use crate::result::{
-    ConditionResult, Count, FamilyResult, HoldingRecord, PoolResult, RejectedPoolResult,
-    ReplayResult, ServiceResult, TraceEvent, TraceStep,
+    CiliumPoolResult, ConditionResult, Count, FamilyResult, HoldingRecord, PoolResult,
+    RejectedPoolResult, ReplayResult, ServiceResult, TraceEvent, TraceStep,
 };
 use crate::source::{Read, ReadOptions, Reads, Source};
 use crate::store::{Change, StoreError};
@@ -582,24 +582,29 @@ impl Host {
             total: Count(stats.total),
             assigned: Count::from(stats.assigned),
         };
-        let pools = self
+        let stats = self.plugin.controller.pool_stats();
+        let rejected = self.plugin.controller.rejected_pools();
+        let cilium_pools = self
             .plugin
-            .controller
-            .pool_stats()
+            .store
+            .cilium_pools()
+            .iter()
+            .map(|pool| cilium_pool_result(pool, &stats, &rejected))
+            .collect();
+        let pools = stats
             .into_iter()
             .map(|stats| PoolResult {
                 name: stats.name,
+                kind: stats.kind.to_string(),
                 ipv4: family(stats.ipv4),
                 ipv6: family(stats.ipv6),
             })
             .collect();
-        let rejected_pools = self
-            .plugin
-            .controller
-            .rejected_pools()
+        let rejected_pools = rejected
             .into_iter()
             .map(|rejected| RejectedPoolResult {
                 name: rejected.name,
+                kind: rejected.kind.to_string(),
                 reason: rejected.reason,
             })
             .collect();
@@ -608,6 +613,7 @@ impl Host {
             events: self.plugin.client.take_events(),
             pools,
             rejected_pools,
+            cilium_pools,
         }
     }
 
@@ -668,6 +674,32 @@ fn note_first_ips(event: &WatchEvent, first_ips: &mut HashMap<String, Vec<String
     first_ips
         .entry(key)
         .or_insert_with(|| ingress.iter().filter_map(|i| i.ip.clone()).collect());
+}
+
+/// A Cilium pool's conditions as a host would write them
+/// (docs/cilium.md §2.8).
+fn cilium_pool_result(
+    pool: &CiliumLoadBalancerIPPool,
+    stats: &[allocator::PoolStats],
+    rejected: &[allocator::RejectedPool],
+) -> CiliumPoolResult {
+    let conditions = manager::cilium_pool_conditions(pool, stats, rejected)
+        .map(|conditions| {
+            conditions
+                .into_iter()
+                .map(|c| ConditionResult {
+                    condition_type: c.condition_type.to_owned(),
+                    status: c.status.to_owned(),
+                    reason: c.reason.to_owned(),
+                    message: c.message,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    CiliumPoolResult {
+        name: pool.metadata.name.clone().unwrap_or_default(),
+        conditions,
+    }
 }
 
 fn is_load_balancer(service: &Service) -> bool {

@@ -23,6 +23,10 @@ pub struct ReplayResult {
     pub pools: Vec<PoolResult>,
     /// Every rejected pool, sorted by name.
     pub rejected_pools: Vec<RejectedPoolResult>,
+    /// Every `CiliumLoadBalancerIPPool` in the store, sorted by name, with
+    /// the conditions a host would write on it (docs/cilium.md §2.8).
+    #[serde(default)]
+    pub cilium_pools: Vec<CiliumPoolResult>,
 }
 
 /// One LoadBalancer Service at the end of the replay.
@@ -56,6 +60,9 @@ pub struct ConditionResult {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolResult {
     pub name: String,
+    /// `IPAddressPool` or `CiliumLoadBalancerIPPool`.
+    #[serde(default = "metallb_kind")]
+    pub kind: String,
     pub ipv4: FamilyResult,
     pub ipv6: FamilyResult,
 }
@@ -73,8 +80,27 @@ pub struct FamilyResult {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RejectedPoolResult {
     pub name: String,
+    /// `IPAddressPool` or `CiliumLoadBalancerIPPool`.
+    #[serde(default = "metallb_kind")]
+    pub kind: String,
     /// The reason, as logged.
     pub reason: String,
+}
+
+/// The kind of a pool in a document written before pools had one.
+fn metallb_kind() -> String {
+    subscriber::POOL_KIND.to_owned()
+}
+
+/// One `CiliumLoadBalancerIPPool` and its status conditions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CiliumPoolResult {
+    pub name: String,
+    /// `cilium.io/IPsTotal`, `IPsAvailable`, `IPsUsed` (exact decimal
+    /// counts) and `PoolConflict`, as they would be written; none for a
+    /// pool rejected for another reason than an overlap (Cilium writes
+    /// nothing on an invalid pool).
+    pub conditions: Vec<ConditionResult>,
 }
 
 /// A count of addresses (up to 2^128): a JSON integer below 2^53, a decimal

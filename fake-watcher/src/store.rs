@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use manager::{ClientError, DashMapStore, ServiceWrite, POOL_ANNOTATION};
-use subscriber::IPAddressPool;
+use subscriber::{CiliumLoadBalancerIPPool, IPAddressPool};
 
 use crate::stream::{service_key_of, Kind, Object, ObjectRef, WatchEvent, DEFAULT_NAMESPACE};
 
@@ -64,6 +64,7 @@ pub enum Delta<T> {
 pub enum Change {
     Service(Delta<Service>),
     Pool(Delta<IPAddressPool>),
+    CiliumPool(Delta<CiliumLoadBalancerIPPool>),
     Namespace(Delta<Namespace>),
     /// The line wrote nothing (SYNCED, BOOKMARK, an unknown kind).
     None,
@@ -133,6 +134,18 @@ impl ReplayStore {
         services
     }
 
+    /// Every `CiliumLoadBalancerIPPool`, sorted by name.
+    pub fn cilium_pools(&self) -> Vec<Arc<CiliumLoadBalancerIPPool>> {
+        let mut pools: Vec<_> = self
+            .cache
+            .cilium_pools
+            .iter()
+            .map(|entry| Arc::clone(entry.value()))
+            .collect();
+        pools.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        pools
+    }
+
     /// The last `resourceVersion` handed out.
     pub fn resource_version(&self) -> u64 {
         self.state().resource_version
@@ -174,6 +187,16 @@ impl ReplayStore {
                     *pool,
                 )))
             }
+            Object::CiliumPool(pool) => {
+                let name = pool.metadata.name.clone().unwrap_or_default();
+                let pools = &self.cache.cilium_pools;
+                let mut pool = *pool;
+                let old = pools.get(&name).map(|entry| Arc::clone(entry.value()));
+                pool.metadata.generation = Some(generation_of(old.as_deref(), &pool));
+                Ok(Change::CiliumPool(upsert_plain(
+                    &mut state, pools, name, pool,
+                )))
+            }
             Object::Namespace(namespace) => {
                 let name = namespace.metadata.name.clone().unwrap_or_default();
                 let namespaces = &self.cache.namespaces;
@@ -201,6 +224,9 @@ impl ReplayStore {
                 Change::Service(Delta::Deleted(with_version(&mut state, old)))
             }
             Kind::Pool => Change::Pool(delete_plain(&mut state, &self.cache.pools, &key)),
+            Kind::CiliumPool => {
+                Change::CiliumPool(delete_plain(&mut state, &self.cache.cilium_pools, &key))
+            }
             Kind::Namespace => {
                 Change::Namespace(delete_plain(&mut state, &self.cache.namespaces, &key))
             }
@@ -373,6 +399,32 @@ impl Meta for IPAddressPool {
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
+    }
+}
+
+impl Meta for CiliumLoadBalancerIPPool {
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// A Cilium pool's `metadata.generation`, as an API server keeps it: the
+/// line's (a recorded object's) or 1 on create, +1 on each spec change;
+/// its conditions' `observedGeneration` reports it (docs/cilium.md §6).
+fn generation_of(old: Option<&CiliumLoadBalancerIPPool>, new: &CiliumLoadBalancerIPPool) -> i64 {
+    match old {
+        None => new.metadata.generation.filter(|g| *g > 0).unwrap_or(1),
+        Some(old) => {
+            let generation = old.metadata.generation.unwrap_or(1);
+            if old.spec == new.spec {
+                generation
+            } else {
+                generation.saturating_add(1)
+            }
+        }
     }
 }
 
@@ -970,6 +1022,55 @@ mod tests {
             Change::Namespace(Delta::Added(_))
         ));
         assert!(store.cache().namespaces.contains_key("prod"));
+    }
+
+    #[test]
+    fn cilium_pools_of_both_versions_get_a_creation_time_and_a_generation() {
+        let store = ReplayStore::new();
+        let pool = |version: &str, cidr: &str| {
+            json!({"apiVersion": version, "kind": "CiliumLoadBalancerIPPool",
+                "metadata": {"name": "blue"}, "spec": {"blocks": [{"cidr": cidr}]}})
+        };
+        // An IPAddressPool of the same name is another object.
+        let metallb = json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+            "metadata": {"name": "blue"}, "spec": {"addresses": ["10.1.0.0/24"]}});
+        apply(&store, added(metallb));
+        let change = apply(&store, added(pool("cilium.io/v2alpha1", "10.0.0.0/24")));
+        let Change::CiliumPool(Delta::Added(new)) = change else {
+            panic!("{change:?}")
+        };
+        assert_eq!(new.metadata.generation, Some(1));
+        assert_eq!(
+            new.metadata
+                .creation_timestamp
+                .as_ref()
+                .unwrap()
+                .0
+                .to_string(),
+            "1970-01-01T00:00:02Z"
+        );
+        // The same spec again: same generation; another spec: the next.
+        let change = apply(&store, modified(pool("cilium.io/v2", "10.0.0.0/24")));
+        let Change::CiliumPool(Delta::Updated { new, .. }) = change else {
+            panic!("{change:?}")
+        };
+        assert_eq!(new.metadata.generation, Some(1));
+        let change = apply(&store, modified(pool("cilium.io/v2", "10.0.0.0/25")));
+        let Change::CiliumPool(Delta::Updated { old, new }) = change else {
+            panic!("{change:?}")
+        };
+        assert_eq!(new.metadata.generation, Some(2));
+        assert_eq!(
+            old.metadata.creation_timestamp,
+            new.metadata.creation_timestamp
+        );
+        assert!(store.cache().pools.contains_key("blue"));
+        assert!(matches!(
+            apply(&store, deleted(pool("cilium.io/v2", ""))),
+            Change::CiliumPool(Delta::Deleted(_))
+        ));
+        assert!(!store.cache().cilium_pools.contains_key("blue"));
+        assert!(store.cache().pools.contains_key("blue"));
     }
 
     #[test]

@@ -10,7 +10,10 @@ use std::io::{self, BufRead, Read as _};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use subscriber::{IPAddressPool, POOL_API_VERSION, POOL_KIND};
+use subscriber::{
+    CiliumLoadBalancerIPPool, IPAddressPool, CILIUM_POOL_API_VERSION,
+    CILIUM_POOL_API_VERSION_V2ALPHA1, CILIUM_POOL_KIND, POOL_API_VERSION, POOL_KIND,
+};
 
 use crate::decode::{Header, Hint, LeanNamespace, LeanService, RefObject, Top, TypeField};
 
@@ -225,6 +228,9 @@ pub enum Kind {
     Service,
     /// `metallb.io/v1beta1` / `IPAddressPool`.
     Pool,
+    /// `cilium.io/v2` or `cilium.io/v2alpha1` / `CiliumLoadBalancerIPPool`
+    /// (docs/cilium.md §2.1: one schema).
+    CiliumPool,
     /// `v1` / `Namespace`.
     Namespace,
 }
@@ -236,6 +242,9 @@ impl Kind {
             ("v1", "Service") => Some(Kind::Service),
             ("v1", "Namespace") => Some(Kind::Namespace),
             (POOL_API_VERSION, POOL_KIND) => Some(Kind::Pool),
+            (CILIUM_POOL_API_VERSION | CILIUM_POOL_API_VERSION_V2ALPHA1, CILIUM_POOL_KIND) => {
+                Some(Kind::CiliumPool)
+            }
             _ => None,
         }
     }
@@ -245,6 +254,7 @@ impl Kind {
         match self {
             Kind::Service => "Service",
             Kind::Pool => POOL_KIND,
+            Kind::CiliumPool => CILIUM_POOL_KIND,
             Kind::Namespace => "Namespace",
         }
     }
@@ -344,6 +354,8 @@ pub enum Object {
     },
     /// An address pool.
     Pool(Box<IPAddressPool>),
+    /// A Cilium address pool.
+    CiliumPool(Box<CiliumLoadBalancerIPPool>),
     /// A Namespace.
     Namespace(Box<Namespace>),
 }
@@ -354,6 +366,7 @@ impl Object {
         match self {
             Object::Service { .. } => Kind::Service,
             Object::Pool(_) => Kind::Pool,
+            Object::CiliumPool(_) => Kind::CiliumPool,
             Object::Namespace(_) => Kind::Namespace,
         }
     }
@@ -363,6 +376,7 @@ impl Object {
         match self {
             Object::Service { service, .. } => service_key_of(&service.metadata),
             Object::Pool(pool) => pool.metadata.name.clone().unwrap_or_default(),
+            Object::CiliumPool(pool) => pool.metadata.name.clone().unwrap_or_default(),
             Object::Namespace(namespace) => namespace.metadata.name.clone().unwrap_or_default(),
         }
     }
@@ -708,7 +722,7 @@ fn key_hint(kind: Kind, object: &str) -> Option<String> {
                 .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
             Some(format!("{namespace}/{name}"))
         }
-        Kind::Pool | Kind::Namespace => Some(name),
+        Kind::Pool | Kind::CiliumPool | Kind::Namespace => Some(name),
     }
 }
 
@@ -773,6 +787,11 @@ fn decode_object(kind: Kind, object: &str) -> Result<Object, LineError> {
             require_name(kind, pool.metadata.name.as_deref())?;
             Ok(Object::Pool(Box::new(pool)))
         }
+        Kind::CiliumPool => {
+            let pool: CiliumLoadBalancerIPPool = decode_as(kind, object)?;
+            require_name(kind, pool.metadata.name.as_deref())?;
+            Ok(Object::CiliumPool(Box::new(pool)))
+        }
         Kind::Namespace => {
             let lean: LeanNamespace = decode_as(kind, object)?;
             let namespace = lean.into_namespace();
@@ -794,7 +813,7 @@ fn decode_ref(kind: Kind, object: &str) -> Result<ObjectRef, LineError> {
                 .filter(|namespace| !namespace.is_empty())
                 .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
         ),
-        Kind::Pool | Kind::Namespace => None,
+        Kind::Pool | Kind::CiliumPool | Kind::Namespace => None,
     };
     Ok(ObjectRef {
         kind,

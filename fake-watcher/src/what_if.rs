@@ -358,6 +358,7 @@ impl Snapshot {
             .into_iter()
             .map(|r| RejectedPoolResult {
                 name: r.name,
+                kind: r.kind.to_string(),
                 reason: r.reason,
             })
             .collect();

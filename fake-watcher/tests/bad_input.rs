@@ -156,6 +156,7 @@ fn assert_rejected(bad: String, name: &str, reason: &str) {
         output.result.rejected_pools,
         [RejectedPoolResult {
             name: name.to_owned(),
+            kind: "IPAddressPool".to_owned(),
             reason: reason.to_owned()
         }]
     );
@@ -642,7 +643,7 @@ fn a_stream_of_only_comments() {
     assert_eq!(output.result, ReplayResult::default());
     assert_eq!(
         render_json(&output.result).unwrap(),
-        "{\n  \"services\": [],\n  \"events\": [],\n  \"pools\": [],\n  \"rejected_pools\": []\n}\n"
+        "{\n  \"services\": [],\n  \"events\": [],\n  \"pools\": [],\n  \"rejected_pools\": [],\n  \"cilium_pools\": []\n}\n"
     );
     let empty = replay_blocking(FILE, &b""[..], &ReplayOptions::default(), &mut ()).unwrap();
     assert_eq!(empty.result, ReplayResult::default());

@@ -74,9 +74,19 @@ fn json_and_yaml_are_the_result_document() {
     assert_eq!(json.status.code(), Some(0));
     let document: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     let keys: Vec<&String> = document.as_object().unwrap().keys().collect();
-    assert_eq!(keys, ["events", "pools", "rejected_pools", "services"]);
+    assert_eq!(
+        keys,
+        [
+            "cilium_pools",
+            "events",
+            "pools",
+            "rejected_pools",
+            "services"
+        ]
+    );
     assert!(stdout(&json).starts_with("{\n  \"services\": [\n"));
     assert_eq!(document["pools"][0]["ipv4"]["total"], 254);
+    assert_eq!(document["pools"][0]["kind"], "IPAddressPool");
 
     let yaml = run(&["replay", path.to_str().unwrap(), "-o", "yaml"], None);
     assert_eq!(yaml.status.code(), Some(0));

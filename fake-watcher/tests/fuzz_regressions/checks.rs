@@ -94,6 +94,7 @@ fn check_event(event: &WatchEvent) {
                     service.metadata.name.clone(),
                 ),
                 Object::Pool(pool) => (None, pool.metadata.name.clone()),
+                Object::CiliumPool(pool) => (None, pool.metadata.name.clone()),
                 Object::Namespace(namespace) => (None, namespace.metadata.name.clone()),
             };
             let name = name.unwrap_or_default();
