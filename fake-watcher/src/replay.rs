@@ -470,7 +470,7 @@ impl Host {
 
     /// Sets the write limit of a new line; returns the writes it allows.
     fn begin_line(&self) -> u64 {
-        let services = u64::try_from(self.plugin.store.cache().services.len()).unwrap_or(u64::MAX);
+        let services = u64::try_from(self.plugin.store.service_count()).unwrap_or(u64::MAX);
         let writes = self
             .writes_per_service
             .saturating_mul(services)
@@ -570,14 +570,12 @@ impl Host {
     /// The §3 result of the store and the controller as they are now; it
     /// takes the Events out of the client's log (called once, at the end).
     fn result(&self) -> ReplayResult {
-        let services = self
-            .plugin
-            .store
-            .services()
-            .into_iter()
-            .filter(|(_, service)| is_load_balancer(service))
-            .map(|(key, service)| service_result(key, &service))
-            .collect();
+        let mut services = Vec::new();
+        self.plugin.store.for_each_service(|key, service| {
+            if is_load_balancer(service) {
+                services.push(service_result(key.to_owned(), service));
+            }
+        });
         let family = |stats: allocator::FamilyStats| FamilyResult {
             total: Count(stats.total),
             assigned: Count::from(stats.assigned),
@@ -621,21 +619,18 @@ impl Host {
     /// class being none, as the controller reads it).
     fn other_class(&self, lb_class: Option<&str>) -> BTreeSet<String> {
         let ours = lb_class.filter(|class| !class.is_empty());
-        self.plugin
-            .store
-            .services()
-            .into_iter()
-            .filter(|(_, service)| is_load_balancer(service))
-            .filter(|(_, service)| {
-                let class = service
-                    .spec
-                    .as_ref()
-                    .and_then(|spec| spec.load_balancer_class.as_deref())
-                    .filter(|class| !class.is_empty());
-                class != ours
-            })
-            .map(|(key, _)| key)
-            .collect()
+        let mut other = BTreeSet::new();
+        self.plugin.store.for_each_service(|key, service| {
+            let class = service
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.load_balancer_class.as_deref())
+                .filter(|class| !class.is_empty());
+            if is_load_balancer(service) && class != ours {
+                other.insert(key.to_owned());
+            }
+        });
+        other
     }
 
     /// Stops the worker, then frees everything as `teardown` says; fails if

@@ -2,11 +2,17 @@
 //!
 //! Every write goes through [`ReplayStore`]: it fills in what an API server
 //! fills in, bumps the global `resourceVersion`, keeps the objects in a
-//! [`DashMapStore`] (the shared cache the manager reads) and returns the
+//! [`ReplayCache`] (the shared cache the manager reads) and returns the
 //! [`Change`] that the watch delivers to the subscriber chains. It delivers
 //! nothing itself and never awaits, so that each write is atomic.
+//!
+//! Services are kept in compact form ([`compact`]) and built back into a
+//! `Service` when read: a cluster's worth of them fits in a tenth of the
+//! memory, at the cost of a build per read.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod compact;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -16,7 +22,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use manager::{ClientError, DashMapStore, ServiceWrite, POOL_ANNOTATION};
+use manager::{ClientError, DashMapStore, ServiceWrite, Store, POOL_ANNOTATION};
 use subscriber::{CiliumLoadBalancerIPPool, IPAddressPool};
 
 use crate::stream::{service_key_of, Kind, Object, ObjectRef, WatchEvent, DEFAULT_NAMESPACE};
@@ -73,8 +79,200 @@ pub enum Change {
 /// The objects of a replay and what an API server keeps beside them.
 #[derive(Debug)]
 pub struct ReplayStore {
-    cache: Arc<DashMapStore>,
+    cache: Arc<ReplayCache>,
     state: Mutex<State>,
+}
+
+/// The shared cache the manager reads ([`Store`]): Services in compact
+/// form, built on each read; pools (of both kinds) and Namespaces whole
+/// (they are few, and the allocator reads them whole).
+#[derive(Debug, Default)]
+pub(crate) struct ReplayCache {
+    services: Mutex<Services>,
+    /// Pools of both kinds and Namespaces; its `services` map stays empty.
+    objects: DashMapStore,
+}
+
+/// How many Services [`Hot`] keeps built.
+const HOT_SERVICES: usize = 128;
+
+/// Every Service by key, each in one of the two maps.
+#[derive(Debug, Default)]
+struct Services {
+    compact: HashMap<Box<str>, Box<[u8]>>,
+    /// Those with a field the compact form does not keep (none that a
+    /// stream gives: its decoder drops them).
+    whole: HashMap<Box<str>, Arc<Service>>,
+    symbols: compact::Symbols,
+    hot: Hot,
+}
+
+/// The Services written or read last, kept built: a write is read back at
+/// once by the manager, the controller and the write that follows, so
+/// most reads are of a Service just written and need no build.
+#[derive(Debug, Default)]
+struct Hot {
+    built: HashMap<Box<str>, Arc<Service>>,
+    /// Keys in the order they came in (a removed key may stay: its turn
+    /// then only comes early).
+    order: VecDeque<Box<str>>,
+}
+
+impl Hot {
+    fn get(&self, key: &str) -> Option<Arc<Service>> {
+        self.built.get(key).cloned()
+    }
+
+    fn put(&mut self, key: &str, service: &Arc<Service>) {
+        if let Some(built) = self.built.get_mut(key) {
+            *built = Arc::clone(service);
+            return;
+        }
+        if self.order.len() >= HOT_SERVICES {
+            if let Some(oldest) = self.order.pop_front() {
+                self.built.remove(&oldest);
+            }
+        }
+        self.order.push_back(key.into());
+        self.built.insert(key.into(), Arc::clone(service));
+    }
+
+    fn remove(&mut self, key: &str) {
+        self.built.remove(key);
+    }
+}
+
+impl Services {
+    fn get(&mut self, key: &str) -> Option<Arc<Service>> {
+        if let Some(service) = self.hot.get(key) {
+            return Some(service);
+        }
+        let service = match self.compact.get(key) {
+            Some(record) => Arc::new(compact::decode(record, key, &self.symbols)),
+            None => return self.whole.get(key).cloned(),
+        };
+        self.hot.put(key, &service);
+        Some(service)
+    }
+
+    fn len(&self) -> usize {
+        self.compact.len() + self.whole.len()
+    }
+
+    /// [`Services::get`], leaving the hot Services as they are.
+    fn peek(&self, key: &str) -> Option<Arc<Service>> {
+        if let Some(service) = self.hot.get(key) {
+            return Some(service);
+        }
+        match self.compact.get(key) {
+            Some(record) => Some(Arc::new(compact::decode(record, key, &self.symbols))),
+            None => self.whole.get(key).cloned(),
+        }
+    }
+
+    /// Stores `service` under `key`, replacing what was there.
+    fn insert(&mut self, key: &str, service: &Arc<Service>) {
+        self.hot.put(key, service);
+        // Encoded before the old record goes, so that the symbols both use
+        // stay interned.
+        match compact::encode(service, key, &mut self.symbols) {
+            Some(record) => {
+                debug_assert_eq!(
+                    compact::decode(&record, key, &self.symbols),
+                    **service,
+                    "a Service of the replay store must come back whole from its record"
+                );
+                self.whole.remove(key);
+                if let Some(old) = self.compact.get_mut(key) {
+                    let old = std::mem::replace(old, record);
+                    compact::release(&old, &mut self.symbols);
+                } else {
+                    self.compact.insert(key.into(), record);
+                }
+            }
+            None => {
+                if let Some(old) = self.compact.remove(key) {
+                    compact::release(&old, &mut self.symbols);
+                }
+                self.whole.insert(key.into(), Arc::clone(service));
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &str) -> Option<Arc<Service>> {
+        let hot = self.hot.get(key);
+        self.hot.remove(key);
+        match self.compact.remove(key) {
+            Some(record) => {
+                let service =
+                    hot.unwrap_or_else(|| Arc::new(compact::decode(&record, key, &self.symbols)));
+                compact::release(&record, &mut self.symbols);
+                Some(service)
+            }
+            None => self.whole.remove(key),
+        }
+    }
+
+    /// Every Service, sorted by key.
+    fn all(&self) -> Vec<(String, Arc<Service>)> {
+        let mut services: Vec<_> = self
+            .compact
+            .iter()
+            .map(|(key, record)| {
+                let service = compact::decode(record, key, &self.symbols);
+                (key.to_string(), Arc::new(service))
+            })
+            .chain(
+                self.whole
+                    .iter()
+                    .map(|(key, service)| (key.to_string(), Arc::clone(service))),
+            )
+            .collect();
+        services.sort_by(|a, b| a.0.cmp(&b.0));
+        services
+    }
+}
+
+impl ReplayCache {
+    fn services(&self) -> MutexGuard<'_, Services> {
+        self.services.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Store for ReplayCache {
+    fn service(&self, key: &str) -> Option<Arc<Service>> {
+        self.services().get(key)
+    }
+
+    fn service_keys(&self) -> Vec<String> {
+        let services = self.services();
+        services
+            .compact
+            .keys()
+            .chain(services.whole.keys())
+            .map(|key| key.to_string())
+            .collect()
+    }
+
+    fn pool(&self, name: &str) -> Option<Arc<IPAddressPool>> {
+        self.objects.pool(name)
+    }
+
+    fn pool_names(&self) -> Vec<String> {
+        self.objects.pool_names()
+    }
+
+    fn namespace(&self, name: &str) -> Option<Arc<Namespace>> {
+        self.objects.namespace(name)
+    }
+
+    fn cilium_pool(&self, name: &str) -> Option<Arc<CiliumLoadBalancerIPPool>> {
+        self.objects.cilium_pool(name)
+    }
+
+    fn cilium_pool_names(&self) -> Vec<String> {
+        self.objects.cilium_pool_names()
+    }
 }
 
 #[derive(Debug)]
@@ -98,7 +296,7 @@ impl ReplayStore {
     /// An empty store.
     pub fn new() -> Self {
         Self {
-            cache: Arc::new(DashMapStore::default()),
+            cache: Arc::new(ReplayCache::default()),
             state: Mutex::new(State {
                 resource_version: 0,
                 uids: 0,
@@ -110,34 +308,44 @@ impl ReplayStore {
     }
 
     /// The shared cache that holds the current objects (for the manager).
-    pub fn cache(&self) -> Arc<DashMapStore> {
+    pub(crate) fn cache(&self) -> Arc<ReplayCache> {
         Arc::clone(&self.cache)
     }
 
-    /// The Service `namespace/name`.
+    /// The Service `namespace/name` (built anew on each call).
     pub fn service(&self, key: &str) -> Option<Arc<Service>> {
-        self.cache
-            .services
-            .get(key)
-            .map(|entry| Arc::clone(entry.value()))
+        self.cache.service(key)
     }
 
     /// Every Service, sorted by key.
     pub fn services(&self) -> Vec<(String, Arc<Service>)> {
-        let mut services: Vec<_> = self
-            .cache
-            .services
-            .iter()
-            .map(|entry| (entry.key().clone(), Arc::clone(entry.value())))
-            .collect();
-        services.sort_by(|a, b| a.0.cmp(&b.0));
-        services
+        self.cache.services().all()
+    }
+
+    /// Calls `each` with every Service, sorted by key, built one at a time
+    /// (a cluster's worth of built Services takes ten times the store's
+    /// memory). `each` may read the store.
+    pub fn for_each_service(&self, mut each: impl FnMut(&str, &Service)) {
+        let mut keys = self.cache.service_keys();
+        keys.sort_unstable();
+        for key in keys {
+            let service = self.cache.services().peek(&key);
+            if let Some(service) = service {
+                each(&key, &service);
+            }
+        }
+    }
+
+    /// How many Services there are.
+    pub fn service_count(&self) -> usize {
+        self.cache.services().len()
     }
 
     /// Every `CiliumLoadBalancerIPPool`, sorted by name.
     pub fn cilium_pools(&self) -> Vec<Arc<CiliumLoadBalancerIPPool>> {
         let mut pools: Vec<_> = self
             .cache
+            .objects
             .cilium_pools
             .iter()
             .map(|entry| Arc::clone(entry.value()))
@@ -182,14 +390,14 @@ impl ReplayStore {
                 let name = pool.metadata.name.clone().unwrap_or_default();
                 Ok(Change::Pool(upsert_plain(
                     &mut state,
-                    &self.cache.pools,
+                    &self.cache.objects.pools,
                     name,
                     *pool,
                 )))
             }
             Object::CiliumPool(pool) => {
                 let name = pool.metadata.name.clone().unwrap_or_default();
-                let pools = &self.cache.cilium_pools;
+                let pools = &self.cache.objects.cilium_pools;
                 let mut pool = *pool;
                 let old = pools.get(&name).map(|entry| Arc::clone(entry.value()));
                 pool.metadata.generation = Some(generation_of(old.as_deref(), &pool));
@@ -199,7 +407,7 @@ impl ReplayStore {
             }
             Object::Namespace(namespace) => {
                 let name = namespace.metadata.name.clone().unwrap_or_default();
-                let namespaces = &self.cache.namespaces;
+                let namespaces = &self.cache.objects.namespaces;
                 Ok(Change::Namespace(upsert_plain(
                     &mut state, namespaces, name, *namespace,
                 )))
@@ -213,7 +421,7 @@ impl ReplayStore {
         let key = target.key();
         match target.kind {
             Kind::Service => {
-                let Some((_, old)) = self.cache.services.remove(&key) else {
+                let Some(old) = self.cache.services().remove(&key) else {
                     return Change::Service(Delta::Unchanged);
                 };
                 if let Some(spec) = &old.spec {
@@ -223,13 +431,17 @@ impl ReplayStore {
                 }
                 Change::Service(Delta::Deleted(with_version(&mut state, old)))
             }
-            Kind::Pool => Change::Pool(delete_plain(&mut state, &self.cache.pools, &key)),
-            Kind::CiliumPool => {
-                Change::CiliumPool(delete_plain(&mut state, &self.cache.cilium_pools, &key))
-            }
-            Kind::Namespace => {
-                Change::Namespace(delete_plain(&mut state, &self.cache.namespaces, &key))
-            }
+            Kind::Pool => Change::Pool(delete_plain(&mut state, &self.cache.objects.pools, &key)),
+            Kind::CiliumPool => Change::CiliumPool(delete_plain(
+                &mut state,
+                &self.cache.objects.cilium_pools,
+                &key,
+            )),
+            Kind::Namespace => Change::Namespace(delete_plain(
+                &mut state,
+                &self.cache.objects.namespaces,
+                &key,
+            )),
         }
     }
 
@@ -315,7 +527,7 @@ impl ReplayStore {
         }
         new.metadata.resource_version = Some(state.next_version());
         let new = Arc::new(new);
-        self.cache.services.insert(key.to_owned(), Arc::clone(&new));
+        self.cache.services().insert(key, &new);
         Ok(Delta::Updated { old, new })
     }
 
@@ -360,7 +572,7 @@ impl ReplayStore {
         }
         service.metadata.resource_version = Some(state.next_version());
         let new = Arc::new(service);
-        self.cache.services.insert(key, Arc::clone(&new));
+        self.cache.services().insert(&key, &new);
         Ok(match old {
             None => Delta::Added(new),
             Some(old) => Delta::Updated { old, new },
@@ -999,6 +1211,78 @@ mod tests {
     }
 
     #[test]
+    fn services_read_back_as_written_whether_compact_or_whole_and_leave_nothing() {
+        let store = ReplayStore::new();
+        // Many more than are kept built, so that most reads build.
+        for i in 0..HOT_SERVICES * 3 {
+            let labels = json!({"app": format!("app-{i}"), "tier": "front"});
+            let mut object = service(
+                &format!("web-{i}"),
+                json!({"type": "LoadBalancer",
+                "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30080}]}),
+            );
+            object["metadata"]["labels"] = labels;
+            apply(&store, added(object));
+        }
+        // A field the compact form does not keep (no stream gives one).
+        let whole: Service = serde_json::from_value(json!({
+            "metadata": {"name": "named", "namespace": "default", "finalizers": ["f"]},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "name": "http"}]},
+        }))
+        .unwrap();
+        let change = store
+            .upsert(Object::Service {
+                service: Box::new(whole.clone()),
+                has_status: false,
+            })
+            .unwrap();
+        let Change::Service(Delta::Added(added_whole)) = change else {
+            panic!("{change:?}")
+        };
+        assert_eq!(store.service("default/named"), Some(added_whole.clone()));
+        assert_eq!(added_whole.metadata.finalizers, whole.metadata.finalizers);
+        let ports = |service: &Service| service.spec.as_ref().and_then(|spec| spec.ports.clone());
+        assert_eq!(ports(&added_whole), ports(&whole));
+        assert_eq!(store.service_count(), HOT_SERVICES * 3 + 1);
+        let all = store.services();
+        let mut visited = Vec::new();
+        store.for_each_service(|key, service| visited.push((key.to_owned(), service.clone())));
+        assert_eq!(all.len(), visited.len());
+        for ((key, service), (seen_key, seen)) in all.iter().zip(&visited) {
+            assert_eq!((key, &**service), (seen_key, seen));
+        }
+        let first = &all
+            .iter()
+            .find(|(key, _)| key == "default/web-0")
+            .unwrap()
+            .1;
+        assert_eq!(
+            first
+                .metadata
+                .labels
+                .as_ref()
+                .unwrap()
+                .get("app")
+                .map(String::as_str),
+            Some("app-0")
+        );
+        assert_eq!(
+            first.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].node_port,
+            None
+        );
+        for (key, _) in &all {
+            let name = key.strip_prefix("default/").unwrap();
+            let change = apply(&store, deleted(service(name, json!(null))));
+            assert!(
+                matches!(change, Change::Service(Delta::Deleted(_))),
+                "{key}"
+            );
+        }
+        assert_eq!(store.service_count(), 0);
+        assert_eq!(store.cache().services().symbols.len(), 0);
+    }
+
+    #[test]
     fn pools_and_namespaces_are_plain() {
         let store = ReplayStore::new();
         let pool = json!({"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
@@ -1021,7 +1305,7 @@ mod tests {
             apply(&store, added(namespace)),
             Change::Namespace(Delta::Added(_))
         ));
-        assert!(store.cache().namespaces.contains_key("prod"));
+        assert!(store.cache().objects.namespaces.contains_key("prod"));
     }
 
     #[test]
@@ -1064,13 +1348,13 @@ mod tests {
             old.metadata.creation_timestamp,
             new.metadata.creation_timestamp
         );
-        assert!(store.cache().pools.contains_key("blue"));
+        assert!(store.cache().objects.pools.contains_key("blue"));
         assert!(matches!(
             apply(&store, deleted(pool("cilium.io/v2", ""))),
             Change::CiliumPool(Delta::Deleted(_))
         ));
-        assert!(!store.cache().cilium_pools.contains_key("blue"));
-        assert!(store.cache().pools.contains_key("blue"));
+        assert!(!store.cache().objects.cilium_pools.contains_key("blue"));
+        assert!(store.cache().objects.pools.contains_key("blue"));
     }
 
     #[test]
