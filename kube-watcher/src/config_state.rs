@@ -48,10 +48,13 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// The verdict on these rejected pools (name, reason).
+    /// The verdict on these rejected pools (name, reason): MetalLB's
+    /// object speaks of `IPAddressPool`s only, so Cilium pools are left
+    /// out (their conditions speak for them, docs/cilium.md §2.8).
     pub fn of(rejected: &[allocator::RejectedPool]) -> Self {
         let lines: Vec<String> = rejected
             .iter()
+            .filter(|pool| pool.kind == allocator::PoolKind::IPAddressPool)
             .map(|pool| format!("IPAddressPool {:?}: {}", pool.name, pool.reason))
             .collect();
         Self {
@@ -256,6 +259,12 @@ mod tests {
                 name: "b".to_owned(),
                 kind: allocator::PoolKind::IPAddressPool,
                 reason: "bad".to_owned(),
+                conflict: None,
+            },
+            allocator::RejectedPool {
+                name: "c".to_owned(),
+                kind: allocator::PoolKind::CiliumLoadBalancerIPPool,
+                reason: "a Cilium pool's problem".to_owned(),
                 conflict: None,
             },
         ];

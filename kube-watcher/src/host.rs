@@ -22,12 +22,16 @@ use kube::api::Api;
 use kube::runtime::events::Reporter;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::ResourceExt;
-use manager::{AllocatingController, Client, ControllerConfig, Manager, ManagerConfig, Store};
-use subscriber::{Chain, Handler, IPAddressPool};
+use manager::{
+    AllocatingController, Client, ControllerConfig, Manager, ManagerConfig,
+    SharingAcrossNamespaces, Store,
+};
+use subscriber::{Chain, CiliumLoadBalancerIPPool, Handler, IPAddressPool};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::cilium::{self, CiliumPoolResource, CiliumWatch, ServedVersion};
 use crate::client::{EventBacklog, KubeClient};
 use crate::crd::{to_subscriber, IPAddressPoolResource};
 use crate::lean;
@@ -39,7 +43,9 @@ use crate::store::KubeStore;
 use crate::watch::{creation_order, Converting, Driver, SyncTracker};
 
 /// The kinds whose initial list must complete before the manager is synced.
-pub const KINDS: [&str; 3] = ["Namespace", "IPAddressPool", "Service"];
+/// `CiliumLoadBalancerIPPool` counts as listed at once when discovery finds
+/// its CRD not served (see [`crate::cilium`]).
+pub const KINDS: [&str; 4] = ["Namespace", "IPAddressPool", cilium::KIND, "Service"];
 
 /// How a [`Host`] runs.
 #[derive(Clone, Debug)]
@@ -63,6 +69,15 @@ pub struct HostConfig {
     pub watch_backoff: WatchBackoff,
     /// The `reportingController` of Events.
     pub reporting_controller: String,
+    /// Whether a MetalLB sharing key shares across namespaces freely, or
+    /// only as Cilium's annotations allow (docs/cilium.md §3.4).
+    pub sharing_across_namespaces: SharingAcrossNamespaces,
+    /// Whether Services get Cilium's `cilium.io/IPAMRequestSatisfied`
+    /// condition while a Cilium pool exists (docs/cilium.md §3.6).
+    pub cilium_conditions: bool,
+    /// How often discovery is asked again while `CiliumLoadBalancerIPPool`
+    /// is not served.
+    pub cilium_discovery_period: Duration,
 }
 
 impl HostConfig {
@@ -79,6 +94,9 @@ impl HostConfig {
             watcher: watcher::Config::default(),
             watch_backoff: WatchBackoff::default(),
             reporting_controller: "kube-watcher".to_owned(),
+            sharing_across_namespaces: SharingAcrossNamespaces::default(),
+            cilium_conditions: true,
+            cilium_discovery_period: cilium::DISCOVERY_PERIOD,
         }
     }
 
@@ -164,6 +182,8 @@ struct Shared {
     gate: LeaderGate,
     metrics: Metrics,
     events: EventBacklog,
+    /// The Cilium pools' served version, once discovery found it.
+    cilium_version: ServedVersion,
 }
 
 /// A running host. Dropping it stops nothing: call
@@ -198,7 +218,8 @@ impl Host {
         let (services, service_writer) = reflector::store::<Service>();
         let (pools, pool_writer) = reflector::store::<IPAddressPoolResource>();
         let (namespaces, namespace_writer) = reflector::store::<Namespace>();
-        let store = KubeStore::new(services, pools, namespaces);
+        let (cilium_pools, cilium_writer) = reflector::store::<CiliumPoolResource>();
+        let store = KubeStore::new(services, pools, namespaces).with_cilium_pools(cilium_pools);
 
         let current = Arc::new(CurrentManager::default());
         let mut service_chain = Chain::<Service>::new();
@@ -207,6 +228,8 @@ impl Host {
         pool_chain.register("manager", Arc::clone(&current) as Arc<dyn Handler<_>>);
         let mut namespace_chain = Chain::<Namespace>::new();
         namespace_chain.register("manager", Arc::clone(&current) as Arc<dyn Handler<_>>);
+        let mut cilium_chain = Chain::<CiliumLoadBalancerIPPool>::new();
+        cilium_chain.register("manager", Arc::clone(&current) as Arc<dyn Handler<_>>);
 
         let mut tasks = Vec::new();
         let wc = config.watcher.clone();
@@ -232,12 +255,25 @@ impl Host {
         ));
         tasks.push(spawn_watch(
             Driver::new("Namespace", namespace_writer),
-            watcher(Api::<Namespace>::all(client.clone()), wc).modify(lean::namespace),
+            watcher(Api::<Namespace>::all(client.clone()), wc.clone()).modify(lean::namespace),
             namespace_chain,
             synced.clone(),
             config.watch_backoff.clone(),
             cancel.clone(),
         ));
+        // Watched once discovery finds the CRD (maybe never, maybe later).
+        let (served, cilium_version) = watch::channel(None);
+        let cilium_watch = CiliumWatch {
+            client: client.clone(),
+            writer: cilium_writer,
+            sink: Converting::new(cilium_chain, cilium::to_subscriber),
+            synced: synced.clone(),
+            watcher: wc,
+            backoff: config.watch_backoff.clone(),
+            period: config.cilium_discovery_period,
+            served,
+        };
+        tasks.push(tokio::spawn(cilium_watch.run(cancel.clone())));
 
         let metrics = Metrics::new(synced.clone());
         metrics.count_services(store.clone(), config.lb_class.clone());
@@ -260,6 +296,7 @@ impl Host {
             gate,
             metrics: metrics.clone(),
             events: events.clone(),
+            cilium_version,
         });
         tasks.push(tokio::spawn(lead(shared, leader.clone(), cancel.clone())));
         Self {
@@ -397,6 +434,8 @@ async fn start_term(shared: &Arc<Shared>, term: &CancellationToken) -> JoinHandl
         client as Arc<dyn Client>,
         ControllerConfig {
             lb_class: shared.config.lb_class.clone(),
+            sharing_across_namespaces: shared.config.sharing_across_namespaces,
+            cilium_conditions: shared.config.cilium_conditions,
             ..ControllerConfig::default()
         },
     ));
@@ -436,7 +475,8 @@ async fn start_term(shared: &Arc<Shared>, term: &CancellationToken) -> JoinHandl
                 instance: Some(shared.config.lease.identity.clone()),
             },
         )
-        .configuration_state(shared.config.lease_namespace.clone());
+        .configuration_state(shared.config.lease_namespace.clone())
+        .cilium_version(shared.cilium_version.clone());
         writer
             .run(controller, shared.config.pool_status_period, term)
             .await;
@@ -445,18 +485,35 @@ async fn start_term(shared: &Arc<Shared>, term: &CancellationToken) -> JoinHandl
 }
 
 /// Hands every cached object to a new term's manager: namespaces by name,
-/// pools and Services oldest first (their key breaking ties), so the first
-/// seen of two Services claiming one address is the older (§4.5).
+/// pools of both kinds in one sequence and Services oldest first (their
+/// key breaking ties), so the first seen of two Services claiming one
+/// address is the older (§4.5), and of two pools of one name or overlapping
+/// ranges the older (docs/cilium.md §2.7).
 async fn deliver_cache(store: &KubeStore, manager: &TermManager) {
     let mut namespaces = store.namespaces().state();
     namespaces.sort_by_key(|ns| ns.name_any());
     for namespace in &namespaces {
         report(manager.on_add(namespace.as_ref()).await);
     }
-    let mut pools = store.pools().state();
-    pools.sort_by_cached_key(|pool| creation_order(pool.as_ref()));
-    for pool in &pools {
-        report(manager.on_add(&to_subscriber(pool)).await);
+    let metallb = store.pools().state();
+    let cilium = store.cilium_pools().state();
+    let mut pools: Vec<_> = metallb
+        .iter()
+        .map(|pool| (creation_order(pool.as_ref()), Some(pool), None))
+        .chain(
+            cilium
+                .iter()
+                .map(|pool| (creation_order(pool.as_ref()), None, Some(pool))),
+        )
+        .collect();
+    pools.sort_by(|a, b| a.0.cmp(&b.0));
+    for (_, metallb, cilium) in &pools {
+        if let Some(pool) = metallb {
+            report(manager.on_add(&to_subscriber(pool)).await);
+        }
+        if let Some(pool) = cilium {
+            report(manager.on_add(&cilium::to_subscriber(pool)).await);
+        }
     }
     let mut services = store.services().state();
     services.sort_by_cached_key(|service| creation_order(service.as_ref()));

@@ -19,14 +19,16 @@
 //!   protocol and number;
 //! - status: `loadBalancer` and `conditions`.
 //!
-//! Namespaces keep name, uid, resourceVersion and labels; pools everything
-//! but `managedFields` and annotations (there are few of them).
+//! Namespaces keep name, uid, resourceVersion and labels; pools of both
+//! kinds everything but `managedFields` and annotations (there are few of
+//! them).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Namespace, Service, ServicePort, ServiceSpec, ServiceStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::cilium::CiliumPoolResource;
 use crate::crd::IPAddressPoolResource;
 
 /// The annotation prefixes a Service is read under.
@@ -104,6 +106,12 @@ pub fn namespace(namespace: &mut Namespace) {
 
 /// Drops a pool's `managedFields` and annotations.
 pub fn pool(pool: &mut IPAddressPoolResource) {
+    lean_metadata(&mut pool.metadata, |_| false);
+}
+
+/// Drops a Cilium pool's `managedFields` and annotations; its status stays
+/// whole (its conditions are read-modify-written, docs/cilium.md §2.8).
+pub fn cilium_pool(pool: &mut CiliumPoolResource) {
     lean_metadata(&mut pool.metadata, |_| false);
 }
 

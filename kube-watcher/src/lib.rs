@@ -4,8 +4,8 @@
 //! - [`watch`]: kube-runtime watchers whose reflector stores are the
 //!   manager's shared cache ([`KubeStore`]), and a [`Driver`] per kind that
 //!   turns watch events, relists included, into subscriber chain calls; the
-//!   initial lists of Services, `IPAddressPool`s and Namespaces end with the
-//!   manager marked synced.
+//!   initial lists of Services, `IPAddressPool`s, Namespaces and (when
+//!   served) `CiliumLoadBalancerIPPool`s end with the manager marked synced.
 //! - [`client`]: `manager::Client` over the API: the pool annotation by a
 //!   merge patch, the addresses and the `metallb.io/AddressAssigned`
 //!   condition by a strategic merge patch of the status subresource (other
@@ -25,9 +25,13 @@
 //! - [`record`]: `kube-watcher record`, a cluster as a replay stream (docs/replay.md).
 //! - [`crd`]: the `IPAddressPool` CustomResource, from the allocator's spec
 //!   types, and `deploy/crd/crd.yaml`.
+//! - [`cilium`]: Cilium's `CiliumLoadBalancerIPPool`, watched once
+//!   discovery finds it served (`cilium.io/v2`, else `v2alpha1`; asked
+//!   again periodically, so a CRD installed later is noticed).
 //!
 //! Start with [`Host::start`]; `src/main.rs` is the command line.
 
+pub mod cilium;
 pub mod client;
 pub mod config_state;
 pub mod crd;

@@ -10,18 +10,34 @@
 //! `OverlappingPool`, the message naming the problem and, for an overlap,
 //! the pool it overlaps). A cluster that runs MetalLB's own CRD prunes
 //! `status.conditions` (its schema has no such field); the Event stays.
+//!
+//! `CiliumLoadBalancerIPPool`s (once discovery found them served) get
+//! Cilium's four conditions instead (docs/cilium.md §2.8, see
+//! [`cilium_conditions`]): `cilium.io/IPsTotal`, `IPsAvailable`, `IPsUsed`
+//! and `PoolConflict`, written only when one of them would change. Conditions
+//! of other types stay: the list is read from the cache, our four replaced
+//! or appended, and the whole list written by a JSON merge patch of the
+//! status subresource carrying the `resourceVersion` it was read at (a
+//! custom resource takes no strategic merge patch, and Cilium's CRD does not
+//! declare `conditions` a map list a server-side apply could merge into; the
+//! precondition makes a concurrent writer's change a 409, after which the
+//! pool is read again and the write retried once, instead of lost). A Cilium
+//! pool rejected as invalid gets no condition (docs/cilium.md §10, open
+//! question 2), only its Warning Event, as a MetalLB pool.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kube::api::{Api, Patch, PatchParams};
+use allocator::{FamilyStats, PoolKind, PoolStats};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::Resource;
 use manager::AllocatingController;
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
+use crate::cilium::{self, CiliumPoolResource, ServedVersion};
 use crate::client::{EVENT_ACTION, FIELD_MANAGER};
 use crate::config_state::ConfigStateWriter;
 use crate::crd::{IPAddressPoolResource, IPAddressPoolStatus, PoolCondition};
@@ -92,6 +108,179 @@ fn accepted_condition(
     }
 }
 
+/// Cilium's pool condition types, reasons and statuses (docs/cilium.md §2.8).
+pub mod cilium_condition {
+    /// Every address of every block, reserved ends included.
+    pub const IPS_TOTAL: &str = "cilium.io/IPsTotal";
+    /// Total minus used.
+    pub const IPS_AVAILABLE: &str = "cilium.io/IPsAvailable";
+    /// Distinct held addresses plus reserved ends.
+    pub const IPS_USED: &str = "cilium.io/IPsUsed";
+    /// Whether the pool overlaps an older one (or itself).
+    pub const POOL_CONFLICT: &str = "cilium.io/PoolConflict";
+    /// The four, in the order a new list gets them.
+    pub const TYPES: [&str; 4] = [IPS_TOTAL, IPS_AVAILABLE, IPS_USED, POOL_CONFLICT];
+    /// The reason of the three counts.
+    pub const NO_REASON: &str = "noreason";
+    /// `PoolConflict` True.
+    pub const CIDR_OVERLAP: &str = "cidr_overlap";
+    /// `PoolConflict` False.
+    pub const RESOLVED: &str = "resolved";
+}
+
+/// What Cilium's four conditions of one pool say: the counts as exact
+/// decimals, and the conflict message (`None`: no conflict).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CiliumPoolState {
+    pub total: String,
+    pub available: String,
+    pub used: String,
+    pub conflict: Option<String>,
+    /// The pool's `metadata.generation` (the conditions' observedGeneration).
+    pub generation: Option<i64>,
+}
+
+impl CiliumPoolState {
+    /// The state of an accepted pool with these counters.
+    pub fn accepted(stats: &PoolStats, generation: Option<i64>) -> Self {
+        let counts = stats.cilium_counts();
+        Self {
+            total: counts.total.to_string(),
+            available: counts.available.to_string(),
+            used: counts.used.to_string(),
+            conflict: None,
+            generation,
+        }
+    }
+
+    /// The state of a pool rejected for a conflict: it holds nothing, so
+    /// its used count is its reserved ends. Its blocks are counted one by
+    /// one (a pool whose blocks overlap each other does not parse whole);
+    /// a block that does not parse counts nothing.
+    pub fn conflicting(pool: &CiliumPoolResource, message: String) -> Self {
+        let mut stats = PoolStats {
+            name: pool.metadata.name.clone().unwrap_or_default(),
+            kind: PoolKind::CiliumLoadBalancerIPPool,
+            ipv4: FamilyStats::default(),
+            ipv6: FamilyStats::default(),
+        };
+        let blocks = pool.spec.cidrs.iter().chain(&pool.spec.blocks);
+        for block in blocks {
+            let spec = allocator::cilium::CiliumLoadBalancerIPPoolSpec {
+                blocks: vec![block.clone()],
+                allow_first_last_ips: pool.spec.allow_first_last_ips.clone(),
+                ..Default::default()
+            };
+            let Ok(one) = allocator::Pool::parse_cilium(&stats.name, &spec) else {
+                continue;
+            };
+            for (family, counts) in [
+                (allocator::Family::V4, &mut stats.ipv4),
+                (allocator::Family::V6, &mut stats.ipv6),
+            ] {
+                counts.total = add(counts.total, one.total(family));
+                counts.reserved += one.reserved(family);
+            }
+        }
+        Self {
+            conflict: Some(message),
+            ..Self::accepted(&stats, pool.metadata.generation)
+        }
+    }
+
+    /// (type, status, reason, message) of each of the four.
+    fn wanted(&self) -> [(&'static str, &'static str, &'static str, &str); 4] {
+        use cilium_condition::*;
+        let (status, reason, message) = match &self.conflict {
+            Some(message) => ("True", CIDR_OVERLAP, message.as_str()),
+            None => ("False", RESOLVED, ""),
+        };
+        [
+            (IPS_TOTAL, "Unknown", NO_REASON, self.total.as_str()),
+            (IPS_AVAILABLE, "Unknown", NO_REASON, self.available.as_str()),
+            (IPS_USED, "Unknown", NO_REASON, self.used.as_str()),
+            (POOL_CONFLICT, status, reason, message),
+        ]
+    }
+
+    /// Whether `conditions` (a pool's `status.conditions`) show this state:
+    /// each of the four with this status, reason, message and
+    /// observedGeneration (Cilium's rule for rewriting one).
+    pub fn is_shown_in(&self, conditions: &[Value]) -> bool {
+        self.wanted()
+            .iter()
+            .all(|(type_, status, reason, message)| {
+                find(conditions, type_).is_some_and(|shown| {
+                    shown.get("status").and_then(Value::as_str) == Some(status)
+                        && shown.get("reason").and_then(Value::as_str) == Some(reason)
+                        && shown.get("message").and_then(Value::as_str) == Some(message)
+                        && shown.get("observedGeneration").and_then(Value::as_i64)
+                            == self.generation
+                })
+            })
+    }
+
+    /// `conditions` with the four set to this state: conditions of other
+    /// types kept where they are, ours replaced in place or appended; a
+    /// condition's `lastTransitionTime` kept while its status is unchanged,
+    /// else `now` (as `meta.SetStatusCondition`).
+    pub fn merged_into(&self, conditions: &[Value], now: &str) -> Vec<Value> {
+        let mut merged: Vec<Value> = conditions.to_vec();
+        for (type_, status, reason, message) in self.wanted() {
+            let since = find(conditions, type_)
+                .filter(|shown| shown.get("status").and_then(Value::as_str) == Some(status))
+                .and_then(|shown| shown.get("lastTransitionTime").cloned())
+                .unwrap_or_else(|| json!(now));
+            let mut condition = json!({
+                "type": type_,
+                "status": status,
+                "lastTransitionTime": since,
+                "reason": reason,
+                "message": message,
+            });
+            if let (Some(generation), Some(fields)) = (self.generation, condition.as_object_mut()) {
+                fields.insert("observedGeneration".to_owned(), json!(generation));
+            }
+            let at = merged
+                .iter()
+                .position(|c| c.get("type").and_then(Value::as_str) == Some(type_));
+            match at.and_then(|at| merged.get_mut(at)) {
+                Some(slot) => *slot = condition,
+                None => merged.push(condition),
+            }
+        }
+        merged
+    }
+}
+
+/// `a + b`, at most 2^128 (more only from blocks that overlap each other).
+fn add(a: allocator::AddressCount, b: allocator::AddressCount) -> allocator::AddressCount {
+    a.get()
+        .zip(b.get())
+        .and_then(|(a, b)| a.checked_add(b))
+        .map_or(
+            allocator::AddressCount::ALL_IPV6,
+            allocator::AddressCount::from,
+        )
+}
+
+/// The condition of `type_` among `conditions`.
+fn find<'a>(conditions: &'a [Value], type_: &str) -> Option<&'a Value> {
+    conditions
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(type_))
+}
+
+/// `status.conditions` of a cached Cilium pool.
+fn shown_conditions(pool: &CiliumPoolResource) -> Vec<Value> {
+    pool.status
+        .as_ref()
+        .and_then(|status| status.get("conditions"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Writes pool statuses and pool Events for one leadership term.
 pub struct PoolStatusWriter {
     client: kube::Client,
@@ -104,6 +293,12 @@ pub struct PoolStatusWriter {
     warned: HashMap<(String, String), String>,
     /// MetalLB's `ConfigurationState`, if asked for.
     config_state: Option<ConfigStateWriter>,
+    /// The version Cilium pools are served at, once discovery found it.
+    cilium_version: Option<ServedVersion>,
+    /// The Cilium pool conditions last written, by name, with the
+    /// resourceVersion they were read at: while the cache still shows that
+    /// version, the write is not repeated.
+    cilium_written: HashMap<String, (CiliumPoolState, Option<String>)>,
 }
 
 impl std::fmt::Debug for PoolStatusWriter {
@@ -132,7 +327,17 @@ impl PoolStatusWriter {
             written: HashMap::new(),
             warned: HashMap::new(),
             config_state: None,
+            cilium_version: None,
+            cilium_written: HashMap::new(),
         }
+    }
+
+    /// Also writes the conditions of Cilium pools, once `version` says at
+    /// which version they are served.
+    #[must_use]
+    pub fn cilium_version(mut self, version: ServedVersion) -> Self {
+        self.cilium_version = Some(version);
+        self
     }
 
     /// Also writes MetalLB's `ConfigurationState` in `namespace` (where its
@@ -156,7 +361,15 @@ impl PoolStatusWriter {
             .strftime("%Y-%m-%dT%H:%M:%SZ")
             .to_string();
         let mut wanted: Vec<(String, IPAddressPoolStatus, Option<String>)> = Vec::new();
-        for stats in controller.pool_stats() {
+        let (cilium_stats, metallb_stats): (Vec<PoolStats>, Vec<PoolStats>) = controller
+            .pool_stats()
+            .into_iter()
+            .partition(|stats| stats.kind == PoolKind::CiliumLoadBalancerIPPool);
+        let (cilium_rejected, metallb_rejected): (Vec<_>, Vec<_>) = controller
+            .rejected_pools()
+            .into_iter()
+            .partition(|pool| pool.kind == PoolKind::CiliumLoadBalancerIPPool);
+        for stats in metallb_stats {
             let shown = self.store.pool_resource(&stats.name);
             let mut status = IPAddressPoolStatus::from_stats(&stats);
             let condition = accepted_condition(
@@ -169,7 +382,7 @@ impl PoolStatusWriter {
             status.conditions = Some(vec![condition]);
             wanted.push((stats.name, status, None));
         }
-        for rejected in controller.rejected_pools() {
+        for rejected in metallb_rejected {
             let shown = self.store.pool_resource(&rejected.name);
             let (condition_reason, _) = rejection_reasons(&rejected.reason);
             let condition = accepted_condition(
@@ -201,7 +414,19 @@ impl PoolStatusWriter {
             };
             let id = (namespace, name);
             match rejection {
-                Some(rejection) => self.warn(&pool, &id, &rejection).await,
+                Some(rejection) => {
+                    let shown = pool
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|conditions| {
+                            conditions.iter().any(|c| {
+                                c.type_ == ACCEPTED && c.status == "False" && c.message == rejection
+                            })
+                        });
+                    self.warn(pool.object_ref(&()), &id, &rejection, shown)
+                        .await;
+                }
                 None => {
                     self.warned.remove(&id);
                 }
@@ -215,6 +440,137 @@ impl PoolStatusWriter {
             }
         }
         count
+            + self
+                .update_cilium(cilium_stats, cilium_rejected, &now)
+                .await
+    }
+
+    /// [`update`](Self::update) for Cilium pools: the four conditions of
+    /// every accepted pool and of every pool rejected for a conflict, and
+    /// an Event on every rejected pool; nothing before discovery found them
+    /// served.
+    async fn update_cilium(
+        &mut self,
+        accepted: Vec<PoolStats>,
+        rejected: Vec<allocator::RejectedPool>,
+        now: &str,
+    ) -> usize {
+        let Some(version) = self.cilium_version.as_ref().and_then(|v| *v.borrow()) else {
+            return 0;
+        };
+        let mut wanted: Vec<(std::sync::Arc<CiliumPoolResource>, CiliumPoolState)> = Vec::new();
+        for stats in accepted {
+            let Some(pool) = self.store.cilium_pool_resource(&stats.name) else {
+                continue;
+            };
+            self.warned.remove(&(String::new(), stats.name.clone()));
+            let state = CiliumPoolState::accepted(&stats, pool.metadata.generation);
+            wanted.push((pool, state));
+        }
+        for rejection in rejected {
+            if !self.gate.is_open() {
+                return 0;
+            }
+            let Some(pool) = self.store.cilium_pool_resource(&rejection.name) else {
+                continue;
+            };
+            let id = (String::new(), rejection.name.clone());
+            let mut reference = pool.object_ref(&());
+            reference.api_version = Some(format!("{}/{version}", cilium::GROUP));
+            match &rejection.conflict {
+                Some(conflict) => {
+                    let state = CiliumPoolState::conflicting(&pool, conflict.cilium_message());
+                    let shown = state.is_shown_in(&shown_conditions(&pool));
+                    self.warn(reference, &id, &rejection.reason, shown).await;
+                    wanted.push((pool, state));
+                }
+                // Invalid: no condition would be true (docs/cilium.md §10).
+                None => self.warn(reference, &id, &rejection.reason, false).await,
+            }
+        }
+        let mut count = 0;
+        for (pool, state) in wanted {
+            if !self.gate.is_open() {
+                break;
+            }
+            let Some(name) = pool.metadata.name.clone() else {
+                continue;
+            };
+            if state.is_shown_in(&shown_conditions(&pool)) {
+                self.cilium_written.remove(&name);
+                continue;
+            }
+            let read_at = pool.metadata.resource_version.clone();
+            if self.cilium_written.get(&name) == Some(&(state.clone(), read_at.clone())) {
+                continue;
+            }
+            if self.write_cilium(version, &pool, &state, now).await {
+                self.cilium_written.insert(name, (state, read_at));
+                count += 1;
+            }
+        }
+        count
+    }
+
+    /// Writes `state` into the conditions of the Cilium `pool` (see the
+    /// module documentation): a merge patch of the whole list as read, with
+    /// the resourceVersion it was read at; on a 409 the pool is read again
+    /// and the write retried once.
+    async fn write_cilium(
+        &self,
+        version: &str,
+        pool: &CiliumPoolResource,
+        state: &CiliumPoolState,
+        now: &str,
+    ) -> bool {
+        let api: Api<DynamicObject> =
+            Api::all_with(self.client.clone(), &cilium::api_resource(version));
+        let name = pool.metadata.name.clone().unwrap_or_default();
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let mut conditions = shown_conditions(pool);
+        let mut resource_version = pool.metadata.resource_version.clone();
+        for attempt in 0..2 {
+            let patch = json!({
+                "metadata": {"resourceVersion": resource_version},
+                "status": {"conditions": state.merged_into(&conditions, now)},
+            });
+            let error = match api.patch_status(&name, &params, &Patch::Merge(patch)).await {
+                Ok(_) => {
+                    tracing::debug!(pool = %name, ?state, "Cilium pool conditions written");
+                    return true;
+                }
+                Err(error) => error,
+            };
+            let conflict = matches!(&error, kube::Error::Api(status) if status.code == 409);
+            if !conflict || attempt > 0 {
+                tracing::warn!(pool = %name, %error, "could not write the Cilium pool's conditions");
+                return false;
+            }
+            // Changed since the cache read it: read it again.
+            match api.get(&name).await {
+                Ok(fresh) => {
+                    conditions = fresh
+                        .data
+                        .get("status")
+                        .and_then(|status| status.get("conditions"))
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default();
+                    resource_version = fresh.metadata.resource_version;
+                    if state.is_shown_in(&conditions) {
+                        return true;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(pool = %name, %error, "could not read the Cilium pool again");
+                    return false;
+                }
+            }
+        }
+        false
     }
 
     /// The status whose `Accepted` condition a new one continues: the
@@ -262,22 +618,20 @@ impl PoolStatusWriter {
         }
     }
 
-    /// A Warning Event on the rejected `pool`, unless this rejection was
-    /// warned about already (by this writer, or, as its condition shows, by
-    /// an earlier one).
-    async fn warn(&mut self, pool: &IPAddressPoolResource, id: &(String, String), reason: &str) {
+    /// A Warning Event on the rejected pool `reference` (`id`: namespace,
+    /// empty for a Cilium pool, and name), unless this rejection was warned
+    /// about already (by this writer, or, as its condition `shown`s, by an
+    /// earlier one).
+    async fn warn(
+        &mut self,
+        reference: k8s_openapi::api::core::v1::ObjectReference,
+        id: &(String, String),
+        reason: &str,
+        shown: bool,
+    ) {
         if self.warned.get(id).map(String::as_str) == Some(reason) {
             return;
         }
-        let shown = pool
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|conditions| {
-                conditions
-                    .iter()
-                    .any(|c| c.type_ == ACCEPTED && c.status == "False" && c.message == reason)
-            });
         if !shown {
             let (_, event_reason) = rejection_reasons(reason);
             let event = KubeEvent {
@@ -288,7 +642,7 @@ impl PoolStatusWriter {
                 secondary: None,
             };
             let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-            if let Err(error) = recorder.publish(&event, &pool.object_ref(&())).await {
+            if let Err(error) = recorder.publish(&event, &reference).await {
                 tracing::warn!(pool = %id.1, %error, "could not emit the pool's Event");
                 return;
             }
@@ -347,5 +701,78 @@ mod tests {
         assert_eq!(again.last_transition_time, "T0");
         let accepted = accepted_condition(true, "Accepted", "ok", Some(&shown), "T1");
         assert_eq!(accepted.last_transition_time, "T1");
+    }
+
+    fn cilium_pool(spec: serde_json::Value) -> CiliumPoolResource {
+        serde_json::from_value(json!({"metadata": {"name": "blue", "generation": 3}, "spec": spec}))
+            .unwrap()
+    }
+
+    #[test]
+    fn cilium_counts_are_exact_decimals_and_a_conflict_counts_its_blocks() {
+        let pool = cilium_pool(json!({
+            "blocks": [{"cidr": "10.0.0.0/24"}, {"cidr": "2001:db8::/64"}, {"cidr": "10.0.0.0/24"}],
+            "allowFirstLastIPs": "No"
+        }));
+        let state = CiliumPoolState::conflicting(&pool, "m".to_owned());
+        // Two /24s and a /64, each with its ends reserved.
+        assert_eq!(state.total, "18446744073709552128");
+        assert_eq!(state.used, "6");
+        assert_eq!(state.available, "18446744073709552122");
+        assert_eq!(state.conflict.as_deref(), Some("m"));
+        assert_eq!(state.generation, Some(3));
+    }
+
+    #[test]
+    fn cilium_conditions_merge_into_the_list_and_keep_other_types() {
+        let state = CiliumPoolState {
+            total: "256".to_owned(),
+            available: "254".to_owned(),
+            used: "2".to_owned(),
+            conflict: None,
+            generation: Some(3),
+        };
+        let other = json!({"type": "other", "status": "True", "reason": "R", "message": "",
+                           "lastTransitionTime": "T0"});
+        let stale_used = json!({"type": cilium_condition::IPS_USED, "status": "Unknown",
+                                "reason": "noreason", "message": "1",
+                                "observedGeneration": 3, "lastTransitionTime": "T0"});
+        let shown = [other.clone(), stale_used];
+        assert!(!state.is_shown_in(&shown));
+        let merged = state.merged_into(&shown, "T1");
+        assert_eq!(
+            merged,
+            [
+                other,
+                json!({"type": "cilium.io/IPsUsed", "status": "Unknown", "reason": "noreason",
+                       "message": "2", "observedGeneration": 3, "lastTransitionTime": "T0"}),
+                json!({"type": "cilium.io/IPsTotal", "status": "Unknown", "reason": "noreason",
+                       "message": "256", "observedGeneration": 3, "lastTransitionTime": "T1"}),
+                json!({"type": "cilium.io/IPsAvailable", "status": "Unknown",
+                       "reason": "noreason", "message": "254", "observedGeneration": 3,
+                       "lastTransitionTime": "T1"}),
+                json!({"type": "cilium.io/PoolConflict", "status": "False", "reason": "resolved",
+                       "message": "", "observedGeneration": 3, "lastTransitionTime": "T1"}),
+            ]
+        );
+        assert!(state.is_shown_in(&merged));
+        // A conflict flips PoolConflict (new time), the counts keep theirs.
+        let conflicting = CiliumPoolState {
+            conflict: Some("overlaps".to_owned()),
+            ..state.clone()
+        };
+        assert!(!conflicting.is_shown_in(&merged));
+        let again = conflicting.merged_into(&merged, "T2");
+        assert_eq!(again[4]["status"], "True");
+        assert_eq!(again[4]["reason"], "cidr_overlap");
+        assert_eq!(again[4]["message"], "overlaps");
+        assert_eq!(again[4]["lastTransitionTime"], "T2");
+        assert_eq!(again[2]["lastTransitionTime"], "T1");
+        // A new generation alone is a change (observedGeneration).
+        let newer = CiliumPoolState {
+            generation: Some(4),
+            ..state
+        };
+        assert!(!newer.is_shown_in(&merged));
     }
 }

@@ -1,13 +1,15 @@
-//! The shared cache: [`manager::Store`] over the three reflector stores.
+//! The shared cache: [`manager::Store`] over the reflector stores of
+//! Services, both kinds of pools and Namespaces.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::ResourceExt;
-use subscriber::IPAddressPool;
+use subscriber::{CiliumLoadBalancerIPPool, IPAddressPool};
 use tokio::sync::watch;
 
+use crate::cilium::{self, CiliumPoolResource};
 use crate::crd::{to_subscriber, IPAddressPoolResource};
 
 /// Readers of the Service, pool and Namespace reflector stores. Cheap to
@@ -17,6 +19,8 @@ pub struct KubeStore {
     services: reflector::Store<Service>,
     pools: reflector::Store<IPAddressPoolResource>,
     namespaces: reflector::Store<Namespace>,
+    /// Empty unless the host watches Cilium pools (their CRD is served).
+    cilium_pools: reflector::Store<CiliumPoolResource>,
     /// Bumped by the Service driver after each event it applied.
     changed: watch::Sender<u64>,
 }
@@ -27,6 +31,7 @@ impl std::fmt::Debug for KubeStore {
             .field("services", &self.services.len())
             .field("pools", &self.pools.len())
             .field("namespaces", &self.namespaces.len())
+            .field("cilium_pools", &self.cilium_pools.len())
             .finish()
     }
 }
@@ -42,8 +47,26 @@ impl KubeStore {
             services,
             pools,
             namespaces,
+            cilium_pools: reflector::store().0,
             changed: watch::Sender::new(0),
         }
+    }
+
+    /// Also reads `CiliumLoadBalancerIPPool`s from `cilium_pools`.
+    #[must_use]
+    pub fn with_cilium_pools(mut self, cilium_pools: reflector::Store<CiliumPoolResource>) -> Self {
+        self.cilium_pools = cilium_pools;
+        self
+    }
+
+    /// The Cilium pool reader.
+    pub fn cilium_pools(&self) -> &reflector::Store<CiliumPoolResource> {
+        &self.cilium_pools
+    }
+
+    /// The Cilium pool object named `name` (cluster-scoped).
+    pub fn cilium_pool_resource(&self, name: &str) -> Option<Arc<CiliumPoolResource>> {
+        self.cilium_pools.get(&ObjectRef::new(name))
     }
 
     /// What the Service driver bumps after applying an event, so that
@@ -149,6 +172,22 @@ impl manager::Store for KubeStore {
     fn namespace(&self, name: &str) -> Option<Arc<Namespace>> {
         self.namespaces.get(&ObjectRef::new(name))
     }
+
+    fn cilium_pool(&self, name: &str) -> Option<Arc<CiliumLoadBalancerIPPool>> {
+        self.cilium_pool_resource(name)
+            .map(|pool| Arc::new(cilium::to_subscriber(&pool)))
+    }
+
+    fn cilium_pool_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .cilium_pools
+            .state()
+            .iter()
+            .filter_map(|pool| pool.metadata.name.clone())
+            .collect();
+        names.sort();
+        names
+    }
 }
 
 #[cfg(test)]
@@ -199,5 +238,27 @@ mod tests {
         assert!(store.pool("q").is_none());
         assert!(store.namespace("ns").is_some());
         assert!(store.namespace("web").is_none());
+        assert!(store.cilium_pool("blue").is_none());
+        assert!(store.cilium_pool_names().is_empty());
+    }
+
+    #[test]
+    fn reads_cilium_pools_by_name() {
+        let (services, _) = reflector::store::<Service>();
+        let (pools, _) = reflector::store::<IPAddressPoolResource>();
+        let (namespaces, _) = reflector::store::<Namespace>();
+        let (cilium, mut writer) = reflector::store::<CiliumPoolResource>();
+        for name in ["red", "blue"] {
+            writer.apply_watcher_event(&Event::Apply(CiliumPoolResource {
+                metadata: meta(None, name),
+                ..CiliumPoolResource::default()
+            }));
+        }
+        let store = KubeStore::new(services, pools, namespaces).with_cilium_pools(cilium);
+        assert_eq!(store.cilium_pool_names(), ["blue", "red"]);
+        let blue = store.cilium_pool("blue").unwrap();
+        assert_eq!(blue.metadata.name.as_deref(), Some("blue"));
+        assert!(store.cilium_pool("green").is_none());
+        assert!(store.pool("blue").is_none(), "the kinds are stored apart");
     }
 }
