@@ -1,6 +1,7 @@
 //! `kube-watcher`: the allocator plugin on a real cluster.
 //!
-//! - `run`: watch Services, `IPAddressPool`s and Namespaces, elect a leader,
+//! - `run`: watch Services, `IPAddressPool`s, Namespaces and (when served)
+//!   `CiliumLoadBalancerIPPool`s, elect a leader,
 //!   allocate and write (see the library's crate documentation).
 //! - `record -o FILE`: write the cluster as a replay stream (docs/replay.md).
 //! - `crd`: print the `IPAddressPool` CustomResourceDefinition.
@@ -18,6 +19,7 @@ use kube_watcher::logging::{self, LogFormat};
 use kube_watcher::metrics::serve;
 use kube_watcher::record::record;
 use kube_watcher::{Host, HostConfig};
+use manager::SharingAcrossNamespaces;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -64,6 +66,46 @@ struct RunArgs {
     /// Serve /metrics, /healthz and /readyz on this address.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7472")]
     metrics_addr: SocketAddr,
+    /// Whether Services with one MetalLB sharing key (allow-shared-ip) may
+    /// share an address across namespaces freely (MetalLB's rule), or only
+    /// when both carry Cilium's lbipam.cilium.io/sharing-cross-namespace
+    /// naming the other's namespace (or `*`).
+    #[arg(long, value_enum, value_name = "MODE", default_value = "allow")]
+    sharing_across_namespaces: SharingMode,
+    /// Write Cilium's cilium.io/IPAMRequestSatisfied condition on Services
+    /// while a CiliumLoadBalancerIPPool exists.
+    #[arg(long, value_enum, value_name = "ON_OFF", default_value = "on")]
+    cilium_conditions: OnOff,
+    /// How often (seconds) discovery is asked again whether the cluster
+    /// serves CiliumLoadBalancerIPPools, while it does not.
+    #[arg(long, value_name = "SECONDS", default_value = "300",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    cilium_discovery_period: u64,
+}
+
+/// `--sharing-across-namespaces`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum SharingMode {
+    /// Any namespace (MetalLB's behaviour).
+    Allow,
+    /// Only namespaces both Services admit with Cilium's annotation.
+    Annotated,
+}
+
+impl From<SharingMode> for SharingAcrossNamespaces {
+    fn from(mode: SharingMode) -> Self {
+        match mode {
+            SharingMode::Allow => SharingAcrossNamespaces::Allow,
+            SharingMode::Annotated => SharingAcrossNamespaces::Annotated,
+        }
+    }
+}
+
+/// `on` or `off`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(clap::Args)]
@@ -164,9 +206,12 @@ async fn run(args: RunArgs) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("listening on {}", args.metrics_addr))?;
-    let config = HostConfig::new(identity, lease_namespace)
+    let mut config = HostConfig::new(identity, lease_namespace)
         .lb_class(args.lb_class)
         .lease_name(args.lease_name);
+    config.sharing_across_namespaces = args.sharing_across_namespaces.into();
+    config.cilium_conditions = args.cilium_conditions == OnOff::On;
+    config.cilium_discovery_period = std::time::Duration::from_secs(args.cilium_discovery_period);
     let host = Host::start(client, config);
     let cancel = CancellationToken::new();
     let server = tokio::spawn(serve(listener, host.metrics().clone(), cancel.clone()));
