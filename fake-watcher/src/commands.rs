@@ -9,8 +9,8 @@ use std::process::ExitCode;
 
 use clap::ValueEnum;
 use fake_watcher::{
-    explain_stream, load_apply_file, load_legacy_config, parse_delete, render_explanation,
-    render_what_if, what_if, OutputFormat, ReplayError, ReplayOptions,
+    explain_stream, load_apply_file, load_config, parse_delete, render_explanation, render_what_if,
+    what_if, OutputFormat, ReplayError, ReplayOptions,
 };
 
 /// Bad input or usage.
@@ -87,7 +87,7 @@ fn options(flags: &ReplayFlags) -> Result<ReplayOptions, ExitCode> {
         ..ReplayOptions::default()
     };
     if let Some(path) = &flags.config {
-        options.pools = load_legacy_config(path).map_err(|error| {
+        options.pools = load_config(path).map_err(|error| {
             eprintln!("{error}");
             ExitCode::from(BAD_INPUT)
         })?;

@@ -16,8 +16,11 @@
 //! §2.2). Overlaps with pool objects are the controller's business.
 //!
 //! `--config` also takes the ConfigMap that wraps such a file (its
-//! `data.config`), and `IPAddressPool` objects in YAML or JSON: one object,
-//! several YAML documents, or a `List` (as `kubectl get -o yaml` prints).
+//! `data.config`), and pool objects of either kind (`IPAddressPool`,
+//! `CiliumLoadBalancerIPPool` of `cilium.io/v2` or `v2alpha1`) in YAML or
+//! JSON: one object, several YAML documents, or a `List` (as
+//! `kubectl get -o yaml` prints). Pool names are one name space across
+//! both kinds (docs/cilium.md §2.6), so a name may appear once per file.
 //! Objects of other kinds (an `L2Advertisement` beside the pools) are
 //! skipped. A file that yields no pool is an error.
 
@@ -28,7 +31,41 @@ use allocator::spec::IPAddressPoolSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
-use subscriber::{IPAddressPool, POOL_API_VERSION, POOL_KIND};
+use subscriber::{
+    CiliumLoadBalancerIPPool, IPAddressPool, CILIUM_POOL_API_VERSION,
+    CILIUM_POOL_API_VERSION_V2ALPHA1, CILIUM_POOL_KIND, POOL_API_VERSION, POOL_KIND,
+};
+
+use crate::stream::Object;
+
+/// A pool of a `--config` file, of either kind.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ConfigPool {
+    IPAddressPool(Box<IPAddressPool>),
+    Cilium(Box<CiliumLoadBalancerIPPool>),
+}
+
+impl ConfigPool {
+    /// The pool as a stream object.
+    pub fn to_object(&self) -> Object {
+        match self {
+            ConfigPool::IPAddressPool(pool) => Object::Pool(pool.clone()),
+            ConfigPool::Cilium(pool) => Object::CiliumPool(pool.clone()),
+        }
+    }
+}
+
+impl From<IPAddressPool> for ConfigPool {
+    fn from(pool: IPAddressPool) -> Self {
+        ConfigPool::IPAddressPool(Box::new(pool))
+    }
+}
+
+impl From<CiliumLoadBalancerIPPool> for ConfigPool {
+    fn from(pool: CiliumLoadBalancerIPPool) -> Self {
+        ConfigPool::Cilium(Box::new(pool))
+    }
+}
 
 /// A legacy configuration file that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -100,20 +137,43 @@ struct LegacyPool {
     bgp_advertisements: Option<Value>,
 }
 
-/// Reads the `--config` file at `path` (see the module documentation).
-pub fn load_legacy_config(path: &Path) -> Result<Vec<IPAddressPool>, ConfigError> {
+/// Reads the `--config` file at `path` (see the module documentation):
+/// its pools of either kind, in file order.
+pub fn load_config(path: &Path) -> Result<Vec<ConfigPool>, ConfigError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         file: file.clone(),
         source,
     })?;
-    parse_legacy_config(&file, &text)
+    parse_config(&file, &text)
+}
+
+/// The `IPAddressPool`s of [`load_config`] (a file of Cilium pools only
+/// gives none).
+pub fn load_legacy_config(path: &Path) -> Result<Vec<IPAddressPool>, ConfigError> {
+    load_config(path).map(metallb_only)
+}
+
+/// The `IPAddressPool`s of [`parse_config`] (a file of Cilium pools only
+/// gives none).
+pub fn parse_legacy_config(file: &str, text: &str) -> Result<Vec<IPAddressPool>, ConfigError> {
+    parse_config(file, text).map(metallb_only)
+}
+
+fn metallb_only(pools: Vec<ConfigPool>) -> Vec<IPAddressPool> {
+    pools
+        .into_iter()
+        .filter_map(|pool| match pool {
+            ConfigPool::IPAddressPool(pool) => Some(*pool),
+            ConfigPool::Cilium(_) => None,
+        })
+        .collect()
 }
 
 /// What the documents of a file held, for the error when no pool is found.
 #[derive(Default)]
 struct Seen {
-    pools: Vec<IPAddressPool>,
+    pools: Vec<ConfigPool>,
     names: HashSet<String>,
     /// Kinds of skipped objects.
     skipped: Vec<String>,
@@ -123,9 +183,9 @@ struct Seen {
 
 /// Parses a `--config` file, named `file` in errors, into pool objects in
 /// the order of the file: a legacy configuration, the ConfigMap that wraps
-/// one, or `IPAddressPool` objects (YAML or JSON, one object, several
+/// one, or pool objects of either kind (YAML or JSON, one object, several
 /// documents, or a `List`). A file that yields no pool is an error.
-pub fn parse_legacy_config(file: &str, text: &str) -> Result<Vec<IPAddressPool>, ConfigError> {
+pub fn parse_config(file: &str, text: &str) -> Result<Vec<ConfigPool>, ConfigError> {
     let syntax = |message: String| ConfigError::Syntax {
         file: file.to_owned(),
         message,
@@ -223,6 +283,13 @@ fn read_document(
         Some(kind) if kind == POOL_KIND && api_version == POOL_API_VERSION => {
             read_pool(top, &at, seen)
         }
+        Some(kind)
+            if kind == CILIUM_POOL_KIND
+                && (api_version == CILIUM_POOL_API_VERSION
+                    || api_version == CILIUM_POOL_API_VERSION_V2ALPHA1) =>
+        {
+            read_cilium_pool(top, &at, seen)
+        }
         Some(kind) if kind.ends_with("List") => {
             let items = match top.get("items") {
                 Some(Value::Sequence(items)) => items.clone(),
@@ -261,7 +328,28 @@ fn read_pool(top: serde_yaml_ng::Mapping, at: &At<'_>, seen: &mut Seen) -> Resul
             "a pool of this name is defined before".to_owned(),
         ));
     }
-    seen.pools.push(pool);
+    seen.pools.push(pool.into());
+    Ok(())
+}
+
+/// A `CiliumLoadBalancerIPPool` object, as [`read_pool`] reads an
+/// `IPAddressPool` (one name space for both kinds).
+fn read_cilium_pool(
+    top: serde_yaml_ng::Mapping,
+    at: &At<'_>,
+    seen: &mut Seen,
+) -> Result<(), ConfigError> {
+    let pool: CiliumLoadBalancerIPPool = deserialize_object(top, at, CILIUM_POOL_KIND)?;
+    let Some(name) = pool.metadata.name.clone().filter(|name| !name.is_empty()) else {
+        return Err(at.error(CILIUM_POOL_KIND, "has no metadata.name".to_owned()));
+    };
+    if !seen.names.insert(name) {
+        return Err(at.error(
+            CILIUM_POOL_KIND,
+            "a pool of this name is defined before".to_owned(),
+        ));
+    }
+    seen.pools.push(pool.into());
     Ok(())
 }
 
@@ -329,14 +417,14 @@ fn read_legacy(file: &str, document: Value, seen: &mut Seen) -> Result<(), Confi
             service_allocation: None,
         };
         allocator::Pool::parse(&pool.name, &spec).map_err(|e| error(e.to_string()))?;
-        seen.pools.push(IPAddressPool {
+        seen.pools.push(ConfigPool::from(IPAddressPool {
             metadata: ObjectMeta {
                 name: Some(pool.name),
                 ..ObjectMeta::default()
             },
             spec,
             status: None,
-        });
+        }));
     }
     Ok(())
 }
@@ -468,6 +556,56 @@ spec: {addresses: [10.1.0.0/24], autoAssign: false}
             .unwrap_err()
             .to_string()
             .ends_with("a pool of this name is defined before"));
+    }
+
+    #[test]
+    fn cilium_pools_of_both_versions_in_file_order_one_name_space() {
+        let yaml = "\
+apiVersion: cilium.io/v2alpha1
+kind: CiliumLoadBalancerIPPool
+metadata: {name: blue}
+spec: {blocks: [{cidr: 10.0.0.0/24}], allowFirstLastIPs: \"No\"}
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: a}
+spec: {addresses: [10.1.0.0/24]}
+---
+apiVersion: cilium.io/v2
+kind: CiliumLoadBalancerIPPool
+metadata: {name: green}
+spec: {blocks: [{start: 10.2.0.1, stop: 10.2.0.9}], disabled: true}
+";
+        let pools = parse_config("c", yaml).unwrap();
+        let names: Vec<String> = pools.iter().map(|pool| pool.to_object().key()).collect();
+        assert_eq!(names, ["blue", "a", "green"]);
+        let ConfigPool::Cilium(green) = &pools[2] else {
+            panic!("{pools:?}")
+        };
+        assert!(green.spec.disabled);
+        // The MetalLB view keeps the IPAddressPools alone.
+        assert_eq!(parse_legacy_config("c", yaml).unwrap().len(), 1);
+
+        let clash = "\
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {name: blue}
+spec: {addresses: [10.1.0.0/24]}
+---
+apiVersion: cilium.io/v2
+kind: CiliumLoadBalancerIPPool
+metadata: {name: blue}
+spec: {}
+";
+        assert_eq!(
+            parse_config("c", clash).unwrap_err().to_string(),
+            "c: document 2 (CiliumLoadBalancerIPPool \"blue\"): a pool of this name is defined before"
+        );
+        let bad = "apiVersion: cilium.io/v2\nkind: CiliumLoadBalancerIPPool\nmetadata: {name: x}\nspec: {blocks: 7}\n";
+        assert_eq!(
+            parse_config("c", bad).unwrap_err().to_string(),
+            "c: document 1 (CiliumLoadBalancerIPPool \"x\"): spec.blocks: invalid type: integer `7`, expected a sequence"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! writes into the store, delivers each write back as a watch would, records
 //! every write and Event, and can fail writes on purpose ([`FailurePlan`]).
 //! [`render`] prints a result as the `fake-watcher replay` command does;
-//! [`load_legacy_config`] reads `--config`.
+//! [`load_config`] reads `--config`.
 
 mod client;
 mod config;
@@ -30,7 +30,9 @@ mod stream;
 mod what_if;
 
 pub use client::{EventRecord, FailurePlan, MemoryClient, WriteOutcome, WriteRecord};
-pub use config::{load_legacy_config, parse_legacy_config, ConfigError};
+pub use config::{
+    load_config, load_legacy_config, parse_config, parse_legacy_config, ConfigError, ConfigPool,
+};
 pub use explain::{
     explain_stream, render_explanation, AsksDocument, ConditionDocument, EventDocument,
     ExplainDocument, KeepDocument, OutcomeDocument, PoolDocument, ShowsDocument,

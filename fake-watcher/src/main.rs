@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fake_watcher::{
-    load_legacy_config, render, render_table_with, replay_pipelined, Observer, OutputFormat,
-    ReplayError, ReplayOptions, ReplayOutput, StreamError, TableNotes,
+    load_config, render, render_table_with, replay_pipelined, Observer, OutputFormat, ReplayError,
+    ReplayOptions, ReplayOutput, StreamError, TableNotes,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tracing_subscriber::EnvFilter;
@@ -309,7 +309,7 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
     let mut options = ReplayOptions::default().keep_going(args.keep_going);
     options.lb_class = args.lb_class.clone().filter(|class| !class.is_empty());
     if let Some(path) = &args.config {
-        match load_legacy_config(path) {
+        match load_config(path) {
             Ok(pools) => options.pools = pools,
             Err(error) => {
                 eprintln!("{error}");

@@ -16,9 +16,10 @@ use std::io::BufRead;
 
 use k8s_openapi::api::core::v1::Service;
 use manager::{ManagerConfig, POOL_ANNOTATION};
-use subscriber::{CiliumLoadBalancerIPPool, IPAddressPool};
+use subscriber::CiliumLoadBalancerIPPool;
 
 use crate::client::FailurePlan;
+use crate::config::ConfigPool;
 use crate::lookahead::SPOOL_MEMORY_BYTES;
 use crate::plugin::{NotIdle, Plugin};
 use crate::result::{
@@ -46,8 +47,9 @@ pub struct ReplayOptions {
     pub lb_class: Option<String>,
     /// `--keep-going`: skip bad lines instead of stopping.
     pub keep_going: bool,
-    /// Pools that exist before the first line (`--config`).
-    pub pools: Vec<IPAddressPool>,
+    /// Pools of either kind that exist before the first line (`--config`),
+    /// created in this order.
+    pub pools: Vec<ConfigPool>,
     /// Fail some status writes (tests of retries).
     pub failures: Option<FailurePlan>,
     /// Record a [`TraceStep`] per line.
@@ -115,8 +117,8 @@ impl ReplayOptions {
 
     /// Pools that exist before the first line.
     #[must_use]
-    pub fn pools(mut self, pools: Vec<IPAddressPool>) -> Self {
-        self.pools = pools;
+    pub fn pools(mut self, pools: impl IntoIterator<Item = impl Into<ConfigPool>>) -> Self {
+        self.pools = pools.into_iter().map(Into::into).collect();
         self
     }
 
@@ -322,7 +324,7 @@ async fn run(
 ) -> Result<(), ReplayError> {
     // The --config pools exist before the first line.
     for pool in &options.pools {
-        let object = Object::Pool(Box::new(pool.clone()));
+        let object = pool.to_object();
         let event = TraceEvent {
             event_type: "ADDED".to_owned(),
             kind: Some(object.kind().to_string()),

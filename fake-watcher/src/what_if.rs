@@ -56,9 +56,11 @@ pub enum WhatIfError {
 }
 
 /// The kinds `what-if` applies, by `apiVersion` and `kind`.
-const KINDS: [(&str, &str); 3] = [
+const KINDS: [(&str, &str); 5] = [
     ("v1", "Service"),
     ("metallb.io/v1beta1", "IPAddressPool"),
+    ("cilium.io/v2", "CiliumLoadBalancerIPPool"),
+    ("cilium.io/v2alpha1", "CiliumLoadBalancerIPPool"),
     ("v1", "Namespace"),
 ];
 
@@ -146,7 +148,7 @@ fn objects_of(
     }
     if !KINDS.contains(&(api_version.as_str(), kind.as_str())) {
         return Err(error(format!(
-            "cannot apply kind {kind:?} of apiVersion {api_version:?}: what-if applies v1 Service, metallb.io/v1beta1 IPAddressPool and v1 Namespace"
+            "cannot apply kind {kind:?} of apiVersion {api_version:?}: what-if applies v1 Service, metallb.io/v1beta1 IPAddressPool, cilium.io/v2 (or v2alpha1) CiliumLoadBalancerIPPool and v1 Namespace"
         )));
     }
     if kind == "Service" {
@@ -199,13 +201,22 @@ pub fn parse_delete(argument: &str) -> Result<String, WhatIfError> {
         "ipaddresspool" | "ipaddresspools" | "ipaddresspools.metallb.io" => {
             ("metallb.io/v1beta1", "IPAddressPool")
         }
+        // Cilium's CRD short names too (docs/cilium.md §2.1).
+        "ciliumloadbalancerippool"
+        | "ciliumloadbalancerippools"
+        | "ciliumloadbalancerippools.cilium.io"
+        | "ippool"
+        | "ippools"
+        | "lbippool"
+        | "lbippools" => ("cilium.io/v2", "CiliumLoadBalancerIPPool"),
         "namespace" | "namespaces" | "ns" if namespace.is_none() => ("v1", "Namespace"),
         "namespace" | "namespaces" | "ns" => {
             return Err(error("a Namespace has no namespace: namespace/NAME"))
         }
         _ => {
             return Err(error(
-                "unknown kind: service, ipaddresspool or namespace (or svc, ns)",
+                "unknown kind: service, ipaddresspool, ciliumloadbalancerippool or namespace \
+                 (or svc, lbippool, ns)",
             ))
         }
     };
@@ -603,6 +614,25 @@ spec: {addresses: [10.0.0.0/30]}
             .unwrap()
             .contains("IPAddressPool"));
         assert!(parse_delete("ns/shop").unwrap().contains("Namespace"));
+        for cilium in ["lbippool/blue", "CiliumLoadBalancerIPPool/blue"] {
+            let line = parse_delete(cilium).unwrap();
+            assert!(
+                matches!(decode_event(&line), Ok(crate::WatchEvent::Deleted(target))
+                    if target.kind == crate::Kind::CiliumPool && target.name == "blue"),
+                "{line}"
+            );
+        }
+        let both = "\
+apiVersion: cilium.io/v2alpha1
+kind: CiliumLoadBalancerIPPool
+metadata: {name: blue}
+spec: {blocks: [{cidr: 10.0.0.0/24}]}
+---
+apiVersion: cilium.io/v2
+kind: CiliumLoadBalancerIPPool
+metadata: {name: green}
+";
+        assert_eq!(parse_apply("f.yaml", both).unwrap().len(), 2);
         for bad in ["web", "ns/a/b", "deployment/x", "svc/", "a/b/c/d"] {
             assert!(parse_delete(bad).is_err(), "{bad}");
         }

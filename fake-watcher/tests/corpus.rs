@@ -23,7 +23,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use fake_watcher::{
-    load_legacy_config, render_json, replay_pipelined, HoldingRecord, ReplayOptions, ReplayOutput,
+    load_config, render_json, replay_pipelined, HoldingRecord, ReplayOptions, ReplayOutput,
 };
 
 /// Where the streams and their snapshots live, relative to this file.
@@ -181,7 +181,7 @@ fn options_of(path: &Path, text: &str) -> Result<ReplayOptions, String> {
                     let dir = path.parent().unwrap_or(Path::new("."));
                     // Errors name the file as the stream does, never by an
                     // absolute path (snapshots are the same in any checkout).
-                    let pools = load_legacy_config(&dir.join(file))
+                    let pools = load_config(&dir.join(file))
                         .map_err(|e| e.to_string().replace(&format!("{}/", dir.display()), ""))?;
                     options = options.pools(pools);
                 }
