@@ -1,4 +1,4 @@
-//! Arbitrary bytes as set_pool/remove_pool/allocate/keep/release operations on allocator::Allocator, invariants checked after each.
+//! Arbitrary bytes as set_pool/remove_pool/allocate/keep/release operations, of MetalLB and Cilium pools and keys, on allocator::Allocator, invariants checked after each.
 //! The checks live in fake-watcher/tests/fuzz_regressions/checks.rs, which
 //! the regression test shares.
 

@@ -1,4 +1,4 @@
-//! Arbitrary bytes as an IPAddressPool spec (serde_json) through allocator::Pool::parse and the Allocator.
+//! Arbitrary bytes as an IPAddressPool spec and as a CiliumLoadBalancerIPPool spec (serde_json, or lines) through allocator::Pool::parse / parse_cilium and the Allocator.
 //! The checks live in fake-watcher/tests/fuzz_regressions/checks.rs, which
 //! the regression test shares.
 

@@ -7,12 +7,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use allocator::cilium::{CiliumBlock, CiliumLoadBalancerIPPoolSpec};
 use allocator::spec::{
     IPAddressPoolSpec, LabelSelectorRequirementSpec, LabelSelectorSpec, ServiceAllocationSpec,
 };
 use allocator::{
-    Allocator, Family, FamilyPolicy, Pool, Port, Protocol, Request, SharingNamespaces, SharingRule,
-    Subject,
+    Allocator, Family, FamilyPolicy, Pool, PoolKind, Port, Protocol, Request, SharingNamespaces,
+    SharingRule, Subject, WideCount, SERVICE_NAMESPACE_LABEL, SERVICE_NAME_LABEL,
 };
 use fake_watcher::{
     decode_event, parse_legacy_config, replay_blocking, Object, ReplayOptions, StreamReader,
@@ -122,12 +123,20 @@ fn check_event(event: &WatchEvent) {
 
 // ----- pool_spec: serde_json → IPAddressPoolSpec → Pool::parse -----
 
+/// Runs `data` through both pool parsers: as an `IPAddressPool` spec
+/// ([`metallb_pool_spec`]) and as a `CiliumLoadBalancerIPPool` spec
+/// ([`cilium_pool_spec`]).
+pub(crate) fn pool_spec(data: &[u8]) {
+    metallb_pool_spec(data);
+    cilium_pool_spec(data);
+}
+
 /// Decodes `data` as a pool spec (or, if it is not one, takes its lines as
 /// `spec.addresses`) and parses it: a parsed pool's ranges are ordered and
 /// allow their own first address (unless avoided), the allocator accepts
 /// exactly the pools that parse, and allocating from it keeps the
 /// allocator's invariants.
-pub(crate) fn pool_spec(data: &[u8]) {
+fn metallb_pool_spec(data: &[u8]) {
     let spec: IPAddressPoolSpec = match serde_json::from_slice(data) {
         Ok(spec) => spec,
         Err(_) => match std::str::from_utf8(data) {
@@ -216,6 +225,138 @@ pub(crate) fn pool_spec(data: &[u8]) {
     }
 }
 
+/// Decodes `data` as a Cilium pool spec, or, if it is not one, reads its
+/// lines: `allowFirstLastIPs=V`, `disabled`, `selector=JSON`, `cidrs=BLOCK`
+/// (a legacy block) or a block: `START-STOP` (raw strings, either may be
+/// empty) or else a `cidr`.
+fn cilium_spec_of(data: &[u8]) -> Option<CiliumLoadBalancerIPPoolSpec> {
+    if let Ok(spec) = serde_json::from_slice(data) {
+        return Some(spec);
+    }
+    let block = |text: &str| match text.split_once('-') {
+        Some((start, stop)) => CiliumBlock {
+            cidr: None,
+            start: Some(start.to_owned()),
+            stop: Some(stop.to_owned()),
+        },
+        None => CiliumBlock {
+            cidr: Some(text.to_owned()),
+            ..CiliumBlock::default()
+        },
+    };
+    let mut spec = CiliumLoadBalancerIPPoolSpec::default();
+    for line in std::str::from_utf8(data).ok()?.lines() {
+        match line.split_once('=') {
+            Some(("allowFirstLastIPs", value)) => {
+                spec.allow_first_last_ips = Some(value.to_owned());
+            }
+            Some(("selector", json)) => spec.service_selector = serde_json::from_str(json).ok(),
+            Some(("cidrs", text)) => spec.cidrs.push(block(text)),
+            _ if line == "disabled" => spec.disabled = true,
+            _ => spec.blocks.push(block(line)),
+        }
+    }
+    Some(spec)
+}
+
+/// Parses `data` as a Cilium pool spec ([`cilium_spec_of`]): the spec
+/// survives a JSON round trip, the allocator accepts exactly the pools
+/// `Pool::parse_cilium` accepts, an accepted pool has one range per block
+/// with ends reserved only under `allowFirstLastIPs: No`, its counts are
+/// consistent before and after each allocation, and what it hands out it
+/// allows (a disabled pool hands out nothing).
+fn cilium_pool_spec(data: &[u8]) {
+    let Some(spec) = cilium_spec_of(data) else {
+        return;
+    };
+    if let Ok(json) = serde_json::to_string(&spec) {
+        let back: Result<CiliumLoadBalancerIPPoolSpec, _> = serde_json::from_str(&json);
+        assert_eq!(back.ok().as_ref(), Some(&spec), "{json}");
+    }
+    let parsed = Pool::parse_cilium("fuzz", &spec);
+    let mut allocator = Allocator::new();
+    allocator.set_cilium_pool("fuzz", &spec);
+    invariants(&allocator, "set_cilium_pool");
+    let rejected = allocator.rejected_pools();
+    match &parsed {
+        Ok(pool) => {
+            assert!(rejected.is_empty(), "{rejected:?}");
+            assert_eq!(pool.kind, PoolKind::CiliumLoadBalancerIPPool);
+            assert_eq!(pool.ranges.len(), spec.cidrs.len() + spec.blocks.len());
+            assert_eq!(pool.disabled, spec.disabled);
+            assert_eq!(pool.is_pinned(), spec.service_selector.is_some());
+            let reserving = spec.allow_first_last_ips.as_deref() == Some("No");
+            for range in &pool.ranges {
+                assert_eq!(Family::of(range.first()), range.family);
+                assert!(family_value(range.first()) <= family_value(range.last()));
+                assert!(reserving || !range.reserves_ends(), "{range:?}");
+            }
+            let stats = allocator.pool_stats();
+            let [stats] = stats.as_slice() else {
+                panic!("one pool accepted, stats of {stats:?}");
+            };
+            let counts = stats.cilium_counts();
+            let total = WideCount::sum(pool.total(Family::V4), pool.total(Family::V6));
+            assert_eq!(counts.total, total);
+            let reserved = pool.reserved(Family::V4) + pool.reserved(Family::V6);
+            assert_eq!(counts.used, WideCount::from(reserved));
+        }
+        Err(error) => {
+            assert_eq!(rejected.len(), 1);
+            assert_eq!(
+                rejected.first().map(|r| (r.kind, r.reason.clone())),
+                Some((PoolKind::CiliumLoadBalancerIPPool, error.to_string()))
+            );
+        }
+    }
+    // Allocate from it with Cilium's sharing rule, names and namespaces
+    // its selector's pseudo-labels may pick.
+    let empty = BTreeMap::new();
+    let ports = [Port {
+        protocol: Protocol::Tcp,
+        port: 80,
+    }];
+    for n in 0..8 {
+        for families in [
+            FamilyPolicy::Single(Family::V4),
+            FamilyPolicy::Single(Family::V6),
+            FamilyPolicy::RequireDual,
+        ] {
+            let namespace = ["ns0", "ns1"][n % 2];
+            let name = format!("s{n}-{families:?}");
+            let key = format!("{namespace}/{name}");
+            let request = Request {
+                key: &key,
+                subject: Subject {
+                    name: &name,
+                    namespace,
+                    labels: &empty,
+                    namespace_labels: &empty,
+                },
+                families,
+                sharing_key: if n % 3 == 0 { "k" } else { "" },
+                sharing_rule: SharingRule::Cilium,
+                sharing_namespaces: SharingNamespaces::Listed(&[]),
+                backend_key: "",
+                ports: &ports,
+                pool: None,
+                addresses: &[],
+            };
+            if let Ok(holding) = allocator.allocate(&request) {
+                let Ok(pool) = &parsed else {
+                    panic!("{holding:?} given from a rejected pool");
+                };
+                assert!(!pool.disabled, "{holding:?} given from a disabled pool");
+                assert!(pool.serves(&request.subject));
+                for ip in &holding.ips {
+                    assert!(pool.allows(*ip), "{ip} given but not allowed");
+                }
+            }
+            invariants(&allocator, "allocate");
+        }
+    }
+}
+
 fn family_value(ip: IpAddr) -> (u8, u128) {
     match ip {
         IpAddr::V4(v4) => (4, u128::from(u32::from(v4))),
@@ -223,9 +364,21 @@ fn family_value(ip: IpAddr) -> (u8, u128) {
     }
 }
 
+/// The allocator's own invariants, and every pool's counts consistent:
+/// Cilium's `used` (held plus reserved) at most `total`, `available` the
+/// rest.
 fn invariants(allocator: &Allocator, after: &str) {
     if let Err(problems) = allocator.check_invariants() {
         panic!("invariants broken after {after}: {problems:?}");
+    }
+    for stats in allocator.pool_stats() {
+        let counts = stats.cilium_counts();
+        assert!(counts.used <= counts.total, "after {after}: {stats:?}");
+        assert_eq!(
+            counts.available.plus(counts.used),
+            counts.total,
+            "after {after}: {stats:?}"
+        );
     }
 }
 
@@ -328,8 +481,12 @@ fn entry(bytes: &mut Bytes<'_>) -> String {
 }
 
 fn selector(bytes: &mut Bytes<'_>) -> LabelSelectorSpec {
-    let key = bytes.pick(&["app", "env", ""]).to_owned();
-    let value = bytes.pick(&["a", "b"]).to_owned();
+    selector_of(bytes, &["app", "env", ""], &["a", "b"])
+}
+
+fn selector_of(bytes: &mut Bytes<'_>, keys: &[&str], values: &[&str]) -> LabelSelectorSpec {
+    let key = bytes.pick(keys).to_owned();
+    let value = bytes.pick(values).to_owned();
     match bytes.byte() % 3 {
         0 => LabelSelectorSpec {
             match_labels: [(key, value)].into(),
@@ -385,6 +542,59 @@ fn spec(bytes: &mut Bytes<'_>) -> IPAddressPoolSpec {
     }
 }
 
+/// A `CiliumLoadBalancerIPPool` spec: blocks of every form (a `cidr` as
+/// an `IPAddressPool` entry, which may be bad; `start`/`stop`; `start`
+/// alone), maybe a legacy block, a selector on labels or Cilium's
+/// pseudo-labels (or `{}`), `disabled`, `allowFirstLastIPs`.
+fn cilium_spec(bytes: &mut Bytes<'_>) -> CiliumLoadBalancerIPPoolSpec {
+    fn block(bytes: &mut Bytes<'_>) -> CiliumBlock {
+        match bytes.byte() % 4 {
+            0 | 1 => CiliumBlock {
+                cidr: Some(entry(bytes)),
+                ..CiliumBlock::default()
+            },
+            2 => CiliumBlock {
+                cidr: Some(String::new()),
+                start: Some(address(bytes).to_string()),
+                stop: Some(address(bytes).to_string()),
+            },
+            _ => CiliumBlock {
+                cidr: None,
+                start: Some(address(bytes).to_string()),
+                stop: bytes.byte().is_multiple_of(2).then(String::new),
+            },
+        }
+    }
+    let count = bytes.byte() % 4;
+    let blocks = (0..count).map(|_| block(bytes)).collect();
+    let flags = bytes.byte();
+    let cidrs = if flags & 1 != 0 {
+        vec![block(bytes)]
+    } else {
+        Vec::new()
+    };
+    let service_selector = match flags & 6 {
+        0 | 2 => None,
+        4 => Some(LabelSelectorSpec::default()),
+        _ => Some(selector_of(
+            bytes,
+            &["app", SERVICE_NAMESPACE_LABEL, SERVICE_NAME_LABEL, ""],
+            &["a", "ns0", "ns1", "c"],
+        )),
+    };
+    CiliumLoadBalancerIPPoolSpec {
+        blocks,
+        cidrs,
+        service_selector,
+        disabled: flags & 8 != 0,
+        allow_first_last_ips: [None, Some("Yes"), Some("No"), Some("no")]
+            .get(usize::from(flags >> 4) % 4)
+            .copied()
+            .flatten()
+            .map(str::to_owned),
+    }
+}
+
 const POOLS: &[&str] = &["p0", "p1", "p2", "p3"];
 const KEYS: &[&str] = &["ns0/a", "ns0/b", "ns1/c", "ns1/d", "ns0/e", "ns1/f"];
 
@@ -400,10 +610,16 @@ struct Svc {
     ports: Vec<Port>,
     pool: Option<&'static str>,
     addresses: Vec<IpAddr>,
+    sharing_rule: SharingRule,
+    /// `None`: any namespace may share its address.
+    cross_namespace: Option<Vec<String>>,
 }
 
 impl Svc {
-    fn read(bytes: &mut Bytes<'_>) -> Svc {
+    /// A Service; `cilium`: one more byte gives it a sharing rule (mostly
+    /// Cilium's), a list of namespaces it shares with and maybe a label
+    /// that Cilium's pseudo-label overrides.
+    fn read(bytes: &mut Bytes<'_>, cilium: bool) -> Svc {
         let key = bytes.pick(KEYS);
         let namespace = key.split('/').next().unwrap_or_default().to_owned();
         let flags = bytes.byte();
@@ -440,10 +656,33 @@ impl Svc {
         let addresses = (0..asked.saturating_sub(1))
             .map(|_| address(bytes))
             .collect();
+        let mut labels = label(flags & 1 != 0, "app", "a");
+        let (sharing_rule, cross_namespace) = if cilium {
+            let more = bytes.byte();
+            if more & 0x20 != 0 {
+                labels.insert(SERVICE_NAMESPACE_LABEL.to_owned(), "ns1".to_owned());
+            }
+            let rule = if more & 0x10 != 0 {
+                SharingRule::MetalLb
+            } else {
+                SharingRule::Cilium
+            };
+            let listed: &[&str] = match more % 5 {
+                0 => &[],
+                1 => &["ns0"],
+                2 => &["ns1"],
+                3 => &["*"],
+                _ => &["ns0", "ns1"],
+            };
+            let listed = listed.iter().map(|&n| n.to_owned()).collect();
+            (rule, (more & 0x40 == 0).then_some(listed))
+        } else {
+            (SharingRule::MetalLb, None)
+        };
         Svc {
             key,
             namespace,
-            labels: label(flags & 1 != 0, "app", "a"),
+            labels,
             namespace_labels: label(flags & 2 != 0, "env", "a"),
             families,
             sharing: bytes.pick(&["", "", "s1", "s2"]),
@@ -451,6 +690,8 @@ impl Svc {
             ports,
             pool: (flags & 4 != 0).then(|| bytes.pick(&["p0", "p1", "p2", "p3", "nope"])),
             addresses,
+            sharing_rule,
+            cross_namespace,
         }
     }
 
@@ -465,8 +706,11 @@ impl Svc {
             },
             families: self.families,
             sharing_key: self.sharing,
-            sharing_rule: SharingRule::MetalLb,
-            sharing_namespaces: SharingNamespaces::Any,
+            sharing_rule: self.sharing_rule,
+            sharing_namespaces: match &self.cross_namespace {
+                None => SharingNamespaces::Any,
+                Some(listed) => SharingNamespaces::Listed(listed),
+            },
             backend_key: self.backend,
             ports: &self.ports,
             pool: self.pool,
@@ -483,7 +727,10 @@ fn families_of(ips: &[IpAddr]) -> (usize, usize) {
 
 /// Interprets `data` as operations on an [`Allocator`] — set_pool,
 /// remove_pool, allocate, keep (after can_keep), release,
-/// complete_dual_stack — and checks the invariants after each, plus what
+/// complete_dual_stack, each in a Cilium form when the operation byte has
+/// its high bit (a `CiliumLoadBalancerIPPool` of the same names; a Service
+/// with Cilium's sharing rule or a namespace list) — and checks the
+/// invariants after each, plus what
 /// each operation promises. The same operations on a second allocator give
 /// the same answers.
 pub(crate) fn allocator_ops(data: &[u8]) {
@@ -533,30 +780,47 @@ fn answers(data: &[u8], guarded: bool) -> Vec<String> {
     let mut steps = 0;
     while !bytes.is_empty() && steps < 256 {
         steps += 1;
-        let op = bytes.byte() % 8;
+        let byte = bytes.byte();
+        let op = byte % 8;
+        // Inputs without the high bit read as they did before Cilium pools.
+        let cilium = byte & 0x80 != 0;
         let answer = match op {
             0 | 1 => {
                 let name = bytes.pick(POOLS);
-                let spec = spec(&mut bytes);
-                let change = allocator.set_pool(name, &spec);
+                let change = if cilium {
+                    let spec = cilium_spec(&mut bytes);
+                    allocator.set_cilium_pool(name, &spec)
+                } else {
+                    let spec = spec(&mut bytes);
+                    allocator.set_pool(name, &spec)
+                };
                 check_released(&allocator, &change);
                 format!("{change:?}")
             }
             2 => {
                 let name = bytes.pick(POOLS);
-                let change = allocator.remove_pool(name);
+                let kind = if cilium {
+                    PoolKind::CiliumLoadBalancerIPPool
+                } else {
+                    PoolKind::IPAddressPool
+                };
+                let change = allocator.remove_pool_of(kind, name);
                 check_released(&allocator, &change);
-                assert!(allocator.pool(name).is_none());
+                // The other kind's pool of that name may be accepted now.
+                let left = allocator.pool(name).map(|pool| pool.kind);
+                assert!(left.is_none_or(|left| left == kind.other()), "{left:?}");
                 format!("{change:?}")
             }
             3 | 4 => {
-                let svc = Svc::read(&mut bytes);
+                let svc = Svc::read(&mut bytes, cilium);
                 let request = svc.request();
                 let result = allocator.allocate(&request);
                 match &result {
                     Ok(holding) => {
                         assert_eq!(allocator.holding(svc.key).as_ref(), Some(holding));
                         check_holding(&allocator, &svc, &holding.pool, &holding.ips);
+                        let disabled = allocator.pool(&holding.pool).is_some_and(|p| p.disabled);
+                        assert!(!disabled, "{holding:?} given from a disabled pool");
                         if !svc.addresses.is_empty() {
                             let asked: BTreeSet<&IpAddr> = svc.addresses.iter().collect();
                             let got: BTreeSet<&IpAddr> = holding.ips.iter().collect();
@@ -578,7 +842,7 @@ fn answers(data: &[u8], guarded: bool) -> Vec<String> {
                 format!("{result:?}")
             }
             5 => {
-                let svc = Svc::read(&mut bytes);
+                let svc = Svc::read(&mut bytes, cilium);
                 let count = 1 + bytes.byte() % 2;
                 let ips: Vec<IpAddr> = (0..count).map(|_| address(&mut bytes)).collect();
                 let request = svc.request();
@@ -608,7 +872,7 @@ fn answers(data: &[u8], guarded: bool) -> Vec<String> {
                 format!("{released:?}")
             }
             _ => {
-                let svc = Svc::read(&mut bytes);
+                let svc = Svc::read(&mut bytes, cilium);
                 let before = allocator.holding(svc.key);
                 // Known bug (fuzz_regressions.rs,
                 // completing_a_dual_stack_service_checks_its_held_address):
@@ -638,6 +902,7 @@ fn answers(data: &[u8], guarded: bool) -> Vec<String> {
                         for ip in &holding.ips {
                             assert!(pool.is_some_and(|p| p.allows(*ip)), "{ip} not allowed");
                         }
+                        assert!(!pool.is_some_and(|p| p.disabled), "completed from disabled");
                     }
                     None => assert_eq!(allocator.holding(svc.key), before),
                 }
@@ -671,6 +936,8 @@ fn check_holding(allocator: &Allocator, svc: &Svc, pool: &str, ips: &[IpAddr]) {
     }
     if let Some(requested) = svc.pool {
         assert_eq!(pool, requested);
+        // `address-pool` names IPAddressPools only.
+        assert_eq!(accepted.kind, PoolKind::IPAddressPool);
     }
 }
 
