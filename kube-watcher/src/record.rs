@@ -1,10 +1,13 @@
 //! `kube-watcher record`: the cluster's current objects, then its watch
 //! events, as a replay stream (docs/replay.md) that `fake-watcher replay` replays offline.
 //!
-//! The three kinds are watched at once. Until every initial list is
-//! complete nothing is written and later events are held back; then the
-//! listed objects are written as `ADDED` lines (Namespaces, pools, Services,
-//! each oldest first as the host delivers them, the key breaking ties), then the `SYNCED` line, then the held-back events and
+//! The kinds are watched at once: Namespaces, `IPAddressPool`s, Services,
+//! and `CiliumLoadBalancerIPPool`s when discovery finds them served (at
+//! `cilium.io/v2`, else `v2alpha1`, asked once at the start). Until every
+//! initial list is complete nothing is written and later events are held
+//! back; then the listed objects are written as `ADDED` lines (Namespaces,
+//! pools of both kinds in one sequence, Services, each oldest first as the
+//! host delivers them, the key breaking ties), then the `SYNCED` line, then the held-back events and
 //! every event after them, one line each, flushed as it is written. A relist
 //! (after `410 Gone`) is written as what it means: `ADDED` for new objects,
 //! `MODIFIED` for changed ones (an unchanged resourceVersion writes
@@ -23,12 +26,16 @@ use kube::Resource;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::cilium;
 use crate::crd::IPAddressPoolResource;
 use crate::retry::{with_backoff, WatchBackoff};
 
 /// A recording that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
+    /// Discovery could not say whether Cilium pools are served.
+    #[error("cannot ask discovery whether cilium.io serves ciliumloadbalancerippools: {0}")]
+    Discovery(#[source] kube::Error),
     /// The output could not be written.
     #[error("cannot write the stream: {0}")]
     Write(#[source] std::io::Error),
@@ -64,8 +71,13 @@ enum Item {
     Delete(&'static str, String, Value),
 }
 
-/// The order kinds are written in before `SYNCED`.
-const KIND_ORDER: [&str; 3] = ["Namespace", "IPAddressPool", "Service"];
+/// The order kinds are written in before `SYNCED`: the kinds of one group
+/// in one sequence.
+const KIND_ORDER: [&[&str]; 3] = [
+    &["Namespace"],
+    &["IPAddressPool", cilium::KIND],
+    &["Service"],
+];
 
 fn encode<K: Serialize + Resource>(
     kind: &'static str,
@@ -90,6 +102,7 @@ fn items<K>(
     kind: &'static str,
     api: Api<K>,
     config: watcher::Config,
+    api_version: Option<String>,
 ) -> BoxStream<'static, Result<Item, RecordError>>
 where
     K: Resource
@@ -101,22 +114,38 @@ where
         + Sync
         + 'static,
 {
+    // A custom resource's list items may lack apiVersion and kind, which
+    // every line needs: stamped where the object has none.
+    let encode = move |kind, object: &K| {
+        encode(kind, object).map(|(key, mut value)| {
+            if let (Some(api_version), Some(fields)) = (&api_version, value.as_object_mut()) {
+                fields
+                    .entry("apiVersion")
+                    .or_insert_with(|| json!(api_version));
+                fields.entry("kind").or_insert_with(|| json!(kind));
+            }
+            (key, value)
+        })
+    };
     with_backoff(watcher(api, config), kind, WatchBackoff::default())
-        .filter_map(move |event| async move {
-            match event {
-                Ok(watcher::Event::Init) => Some(Ok(Item::Init(kind))),
-                Ok(watcher::Event::InitDone) => Some(Ok(Item::InitDone(kind))),
-                Ok(watcher::Event::InitApply(object)) => Some(
-                    encode(kind, &object).map(|(key, value)| Item::InitApply(kind, key, value)),
-                ),
-                Ok(watcher::Event::Apply(object)) => {
-                    Some(encode(kind, &object).map(|(key, value)| Item::Apply(kind, key, value)))
+        .filter_map(move |event| {
+            let encode = encode.clone();
+            async move {
+                match event {
+                    Ok(watcher::Event::Init) => Some(Ok(Item::Init(kind))),
+                    Ok(watcher::Event::InitDone) => Some(Ok(Item::InitDone(kind))),
+                    Ok(watcher::Event::InitApply(object)) => Some(
+                        encode(kind, &object).map(|(key, value)| Item::InitApply(kind, key, value)),
+                    ),
+                    Ok(watcher::Event::Apply(object)) => Some(
+                        encode(kind, &object).map(|(key, value)| Item::Apply(kind, key, value)),
+                    ),
+                    Ok(watcher::Event::Delete(object)) => Some(
+                        encode(kind, &object).map(|(key, value)| Item::Delete(kind, key, value)),
+                    ),
+                    // Logged by `with_backoff`, which retries it.
+                    Err(_) => None,
                 }
-                Ok(watcher::Event::Delete(object)) => {
-                    Some(encode(kind, &object).map(|(key, value)| Item::Delete(kind, key, value)))
-                }
-                // Logged by `with_backoff`, which retries it.
-                Err(_) => None,
             }
         })
         .boxed()
@@ -135,6 +164,8 @@ struct Recorder<W> {
     listing: HashMap<&'static str, Vec<(String, Value)>>,
     /// kind → its complete initial list, until `SYNCED` is written.
     lists: HashMap<&'static str, Vec<(String, Value)>>,
+    /// The kinds recorded.
+    kinds: Vec<&'static str>,
     /// Events that came before every initial list was complete.
     held: Vec<Item>,
     stats: RecordStats,
@@ -182,7 +213,7 @@ impl<W: Write> Recorder<W> {
                 // not yet written, and the events held back since.
                 self.held.retain(|held| item_kind(held) != kind);
                 self.lists.insert(kind, objects);
-                if KIND_ORDER.iter().all(|kind| self.lists.contains_key(kind)) {
+                if self.kinds.iter().all(|kind| self.lists.contains_key(kind)) {
                     self.write_initial()?;
                     return Ok(true);
                 }
@@ -201,9 +232,17 @@ impl<W: Write> Recorder<W> {
 
     /// The initial lists, `SYNCED`, then the events held back.
     fn write_initial(&mut self) -> Result<(), RecordError> {
-        for kind in KIND_ORDER {
-            let mut objects = self.lists.remove(kind).unwrap_or_default();
-            objects.sort_by_cached_key(|(key, value)| {
+        for group in KIND_ORDER {
+            let mut objects: Vec<(&'static str, String, Value)> = Vec::new();
+            for kind in group.iter().copied() {
+                let listed = self.lists.remove(kind).unwrap_or_default();
+                let known = self.known.entry(kind).or_default();
+                for (key, value) in listed {
+                    known.insert(key.clone(), resource_version(&value).map(str::to_owned));
+                    objects.push((kind, key, value));
+                }
+            }
+            objects.sort_by_cached_key(|(_, key, value)| {
                 let created = value
                     .get("metadata")
                     .and_then(|metadata| metadata.get("creationTimestamp"))
@@ -211,11 +250,7 @@ impl<W: Write> Recorder<W> {
                     .and_then(|time| time.parse::<k8s_openapi::jiff::Timestamp>().ok());
                 (created, key.clone())
             });
-            let known = self.known.entry(kind).or_default();
-            for (key, value) in &objects {
-                known.insert(key.clone(), resource_version(value).map(str::to_owned));
-            }
-            for (_, value) in objects {
+            for (_, _, value) in objects {
                 self.line("ADDED", Some(value))?;
                 self.stats.listed += 1;
             }
@@ -308,6 +343,7 @@ fn item_kind(item: &Item) -> &'static str {
 /// The least a `DELETED` line needs (docs/replay.md).
 fn deleted_object(kind: &'static str, key: &str) -> Value {
     let (api_version, namespace, name) = match (kind, key.split_once('/')) {
+        (cilium::KIND, _) => (subscriber::CILIUM_POOL_API_VERSION, None, key),
         ("IPAddressPool", Some((namespace, name))) => ("metallb.io/v1beta1", Some(namespace), name),
         (_, Some((namespace, name))) => ("v1", Some(namespace), name),
         ("IPAddressPool", None) => ("metallb.io/v1beta1", None, key),
@@ -329,25 +365,46 @@ pub async fn record<W: Write>(
     stop: impl Future<Output = ()>,
 ) -> Result<RecordStats, RecordError> {
     let config = watcher::Config::default();
-    let streams = vec![
+    let cilium_version = cilium::discover(&client)
+        .await
+        .map_err(RecordError::Discovery)?;
+    let mut kinds = vec!["Namespace", "IPAddressPool", "Service"];
+    let mut streams = vec![
         items(
             "Namespace",
             Api::<Namespace>::all(client.clone()),
             config.clone(),
+            None,
         ),
         items(
             "IPAddressPool",
             Api::<IPAddressPoolResource>::all(client.clone()),
             config.clone(),
+            None,
         ),
-        items("Service", Api::<Service>::all(client), config),
     ];
+    match cilium_version {
+        Some(version) => {
+            let resource = cilium::api_resource(version);
+            let api_version = resource.api_version.clone();
+            kinds.push(cilium::KIND);
+            streams.push(items(
+                cilium::KIND,
+                Api::<kube::api::DynamicObject>::all_with(client.clone(), &resource),
+                config.clone(),
+                Some(api_version),
+            ));
+        }
+        None => tracing::info!("CiliumLoadBalancerIPPools are not served: not recorded"),
+    }
+    streams.push(items("Service", Api::<Service>::all(client), config, None));
     let mut merged = stream::select_all(streams);
     let mut recorder = Recorder {
         out,
         known: HashMap::new(),
         listing: HashMap::new(),
         lists: HashMap::new(),
+        kinds,
         held: Vec::new(),
         stats: RecordStats::default(),
     };
@@ -410,6 +467,7 @@ mod tests {
             known: HashMap::new(),
             listing: HashMap::new(),
             lists: HashMap::new(),
+            kinds: vec!["Namespace", "IPAddressPool", "Service"],
             held: Vec::new(),
             stats: RecordStats::default(),
         }
@@ -422,7 +480,7 @@ mod tests {
     #[test]
     fn lists_then_synced_then_events_and_relists() {
         let mut r = recorder();
-        for kind in KIND_ORDER {
+        for kind in r.kinds.clone() {
             r.take(Item::Init(kind)).unwrap();
         }
         let (k, v) = object("Service", Some("ns"), "b", "3");
@@ -480,6 +538,49 @@ mod tests {
                 synced: true,
                 events: 6
             }
+        );
+    }
+
+    #[test]
+    fn pools_of_both_kinds_are_listed_in_one_creation_order() {
+        let mut r = recorder();
+        r.kinds.push(cilium::KIND);
+        let pool = |kind: &str, namespace: Option<&str>, name: &str, created: &str| {
+            let (key, mut value) = object(kind, namespace, name, "1");
+            value["metadata"]["creationTimestamp"] = json!(created);
+            (key, value)
+        };
+        for kind in r.kinds.clone() {
+            r.take(Item::Init(kind)).unwrap();
+        }
+        let (k, v) = pool("IPAddressPool", Some("m"), "late", "2024-01-01T00:00:03Z");
+        r.take(Item::InitApply("IPAddressPool", k, v)).unwrap();
+        let (k, v) = pool("IPAddressPool", Some("m"), "early", "2024-01-01T00:00:01Z");
+        r.take(Item::InitApply("IPAddressPool", k, v)).unwrap();
+        let (k, v) = pool(cilium::KIND, None, "blue", "2024-01-01T00:00:02Z");
+        r.take(Item::InitApply(cilium::KIND, k, v)).unwrap();
+        for kind in ["Namespace", "IPAddressPool", "Service"] {
+            assert!(!r.take(Item::InitDone(kind)).unwrap(), "waits for {kind}");
+        }
+        assert!(r.take(Item::InitDone(cilium::KIND)).unwrap());
+        assert_eq!(
+            lines(&r),
+            [
+                "ADDED m/early 1",
+                "ADDED blue 1",
+                "ADDED m/late 1",
+                "SYNCED"
+            ]
+        );
+        r.out.clear();
+        // A relist that lost the Cilium pool: its DELETED line names it.
+        r.take(Item::Init(cilium::KIND)).unwrap();
+        r.take(Item::InitDone(cilium::KIND)).unwrap();
+        let deleted: Value = serde_json::from_slice(&r.out).unwrap();
+        assert_eq!(
+            deleted["object"],
+            json!({"apiVersion": "cilium.io/v2", "kind": "CiliumLoadBalancerIPPool",
+                   "metadata": {"name": "blue"}})
         );
     }
 
