@@ -1,7 +1,8 @@
 //! [`manager::Client`] over the Kubernetes API: the pool annotation by a
-//! merge patch of `metadata.annotations`; the addresses and the
-//! `metallb.io/AddressAssigned` condition by a strategic merge patch of the
-//! status subresource (the Service API declares `type` the merge key of
+//! merge patch of `metadata.annotations`; the addresses, the
+//! `metallb.io/AddressAssigned` condition and Cilium's
+//! `cilium.io/IPAMRequestSatisfied` (docs/cilium.md §3.6) by one strategic
+//! merge patch of the status subresource (the Service API declares `type` the merge key of
 //! `status.conditions`, so other controllers' conditions stay: a server-side
 //! apply would do too, but would make us own the whole ingress list's
 //! entries per field manager and cost a managedFields entry per Service);
@@ -26,8 +27,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::Resource;
 use manager::{
-    Client, ClientError, Event, EventType, ServiceCondition, ServiceWrite, Store, CONDITION_TYPE,
-    POOL_ANNOTATION,
+    CiliumCondition, CiliumConditionChange, Client, ClientError, Event, EventType,
+    ServiceCondition, ServiceWrite, Store, CILIUM_CONDITION_TYPE, CONDITION_TYPE, POOL_ANNOTATION,
 };
 use serde_json::{json, Value};
 
@@ -136,6 +137,17 @@ pub enum ConditionChange {
 /// condition. `status.loadBalancer.ingress` has no merge key, so the list
 /// given replaces the one stored; `status.conditions` merges on `type`.
 pub fn status_patch(ingress: Option<&[IpAddr]>, condition: &ConditionChange) -> Value {
+    service_status_patch(ingress, &[(CONDITION_TYPE, condition)])
+}
+
+/// [`status_patch`] with the change of each condition type given: every
+/// `Set` and `Remove` goes into one `status.conditions` list, merged on
+/// `type`, so a patch sets `metallb.io/AddressAssigned` and
+/// `cilium.io/IPAMRequestSatisfied` at once and leaves other types alone.
+pub fn service_status_patch(
+    ingress: Option<&[IpAddr]>,
+    conditions: &[(&str, &ConditionChange)],
+) -> Value {
     let mut status = serde_json::Map::new();
     if let Some(ingress) = ingress {
         let list: Option<Vec<Value>> = (!ingress.is_empty()).then(|| {
@@ -146,20 +158,60 @@ pub fn status_patch(ingress: Option<&[IpAddr]>, condition: &ConditionChange) -> 
         });
         status.insert("loadBalancer".to_owned(), json!({"ingress": list}));
     }
-    match condition {
-        ConditionChange::Keep => {}
-        ConditionChange::Set(condition) => {
-            let value = serde_json::to_value(condition).unwrap_or(Value::Null);
-            status.insert("conditions".to_owned(), json!([value]));
-        }
-        ConditionChange::Remove => {
-            status.insert(
-                "conditions".to_owned(),
-                json!([{"type": CONDITION_TYPE, "$patch": "delete"}]),
-            );
-        }
+    let list: Vec<Value> = conditions
+        .iter()
+        .filter_map(|(type_, change)| match change {
+            ConditionChange::Keep => None,
+            ConditionChange::Set(condition) => {
+                Some(serde_json::to_value(condition).unwrap_or(Value::Null))
+            }
+            ConditionChange::Remove => Some(json!({"type": type_, "$patch": "delete"})),
+        })
+        .collect();
+    if !list.is_empty() {
+        status.insert("conditions".to_owned(), Value::Array(list));
     }
     json!({ "status": status })
+}
+
+/// What the status patch must do to Cilium's condition for `wanted`, given
+/// the cached `current` Service: nothing while the Service shows it (up to
+/// `observedGeneration` and `lastTransitionTime`, see
+/// `CiliumCondition::is_shown`), else the merged condition.
+pub fn cilium_condition_change(
+    current: Option<&Service>,
+    wanted: &CiliumConditionChange,
+    now: &Time,
+) -> ConditionChange {
+    let shown = current.and_then(CiliumCondition::find);
+    match wanted {
+        CiliumConditionChange::Keep => ConditionChange::Keep,
+        CiliumConditionChange::Set(condition) => {
+            if current.is_some_and(|service| condition.is_shown(service)) {
+                return ConditionChange::Keep;
+            }
+            let mut conditions: Vec<Condition> = shown.cloned().into_iter().collect();
+            CiliumCondition::merge_into(Some(condition), &mut conditions, now);
+            conditions
+                .into_iter()
+                .next()
+                .map_or(ConditionChange::Keep, ConditionChange::Set)
+        }
+        // With no cached object, the removal is sent anyway.
+        CiliumConditionChange::Remove if shown.is_some() || current.is_none() => {
+            ConditionChange::Remove
+        }
+        CiliumConditionChange::Remove => ConditionChange::Keep,
+    }
+}
+
+/// Whether `service` shows Cilium's condition as `wanted` leaves it.
+fn cilium_shown(service: &Service, wanted: &CiliumConditionChange) -> bool {
+    match wanted {
+        CiliumConditionChange::Keep => true,
+        CiliumConditionChange::Set(condition) => condition.is_shown(service),
+        CiliumConditionChange::Remove => CiliumCondition::find(service).is_none(),
+    }
 }
 
 /// What the status patch must do to our condition for `wanted`, given the
@@ -338,12 +390,20 @@ impl Client for KubeClient {
             .is_none_or(|service| current_ingress(service) != wanted);
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let condition = condition_change(current.as_deref(), write.condition.as_ref(), &now);
+        let cilium = cilium_condition_change(current.as_deref(), &write.cilium_condition, &now);
         // Status first: if the annotation write then fails (or the process
         // stops), the status, which is the truth about what a Service holds,
         // is already right, and the retry only adds the annotation.
-        if ingress_differs || condition != ConditionChange::Keep {
+        if ingress_differs || condition != ConditionChange::Keep || cilium != ConditionChange::Keep
+        {
             let ingress = ingress_differs.then_some(write.ingress.as_slice());
-            let body = status_patch(ingress, &condition);
+            let body = service_status_patch(
+                ingress,
+                &[
+                    (CONDITION_TYPE, &condition),
+                    (CILIUM_CONDITION_TYPE, &cilium),
+                ],
+            );
             self.patch(&api, key, name, &body, true).await?;
         }
         if annotation_differs {
@@ -360,6 +420,7 @@ impl Client for KubeClient {
                     current_ingress(service) == wanted
                         && current_pool(service) == write.pool.as_deref()
                         && ServiceCondition::shown(service) == write.condition
+                        && cilium_shown(service, &write.cilium_condition)
                 })
             })
             .await;
@@ -534,6 +595,86 @@ mod tests {
         assert_eq!(
             condition_change(Some(&showing(json!([]))), None, &now),
             ConditionChange::Keep
+        );
+    }
+
+    fn cilium(satisfied: bool, reason: &str) -> CiliumCondition {
+        CiliumCondition {
+            satisfied,
+            reason: reason.to_owned(),
+            message: format!("{reason}!"),
+            observed_generation: Some(2),
+        }
+    }
+
+    #[test]
+    fn one_status_patch_sets_both_conditions_merged_on_type() {
+        let now = time("2026-01-02T00:00:00Z");
+        let service = showing(json!([
+            {"type": CILIUM_CONDITION_TYPE, "status": "False", "reason": "no_pool",
+             "message": "no_pool!", "observedGeneration": 1,
+             "lastTransitionTime": "2025-01-01T00:00:00Z"}
+        ]));
+        let ours = condition_change(Some(&service), Some(&condition(true, "Assigned")), &now);
+        let theirs = cilium_condition_change(
+            Some(&service),
+            &CiliumConditionChange::Set(cilium(true, "satisfied")),
+            &now,
+        );
+        let ips: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap()];
+        let patch = service_status_patch(
+            Some(&ips),
+            &[(CONDITION_TYPE, &ours), (CILIUM_CONDITION_TYPE, &theirs)],
+        );
+        assert_eq!(
+            patch["status"]["conditions"],
+            json!([
+                {"type": CONDITION_TYPE, "status": "True", "reason": "Assigned",
+                 "message": "Assigned!", "observedGeneration": 2,
+                 "lastTransitionTime": "2026-01-02T00:00:00Z"},
+                {"type": CILIUM_CONDITION_TYPE, "status": "True", "reason": "satisfied",
+                 "message": "satisfied!", "observedGeneration": 2,
+                 "lastTransitionTime": "2026-01-02T00:00:00Z"}
+            ])
+        );
+        // Shown already (observedGeneration aside): nothing to write.
+        let shown = showing(json!([
+            {"type": CILIUM_CONDITION_TYPE, "status": "True", "reason": "satisfied",
+             "message": "satisfied!", "observedGeneration": 1,
+             "lastTransitionTime": "2025-01-01T00:00:00Z"}
+        ]));
+        let set = CiliumConditionChange::Set(cilium(true, "satisfied"));
+        assert_eq!(
+            cilium_condition_change(Some(&shown), &set, &now),
+            ConditionChange::Keep
+        );
+        assert!(cilium_shown(&shown, &set));
+        // Removed only when shown; kept when the write leaves it.
+        assert_eq!(
+            cilium_condition_change(Some(&shown), &CiliumConditionChange::Remove, &now),
+            ConditionChange::Remove
+        );
+        assert_eq!(
+            cilium_condition_change(
+                Some(&showing(json!([]))),
+                &CiliumConditionChange::Remove,
+                &now
+            ),
+            ConditionChange::Keep
+        );
+        assert_eq!(
+            cilium_condition_change(Some(&shown), &CiliumConditionChange::Keep, &now),
+            ConditionChange::Keep
+        );
+        assert_eq!(
+            service_status_patch(
+                None,
+                &[
+                    (CONDITION_TYPE, &ConditionChange::Keep),
+                    (CILIUM_CONDITION_TYPE, &ConditionChange::Remove)
+                ]
+            ),
+            json!({"status": {"conditions": [{"type": CILIUM_CONDITION_TYPE, "$patch": "delete"}]}})
         );
     }
 }
