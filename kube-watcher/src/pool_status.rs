@@ -68,10 +68,14 @@ pub mod reason {
 const ACCEPTED_MESSAGE: &str = "the pool is accepted";
 
 /// The pool a rejection names as overlapped: the allocator says
-/// `addresses "…" overlap "…" of pool "NAME"` (a pool's own entries that
-/// overlap say `in the same pool`: invalid, not an overlap).
+/// `addresses "…" overlap "…" of pool "NAME"`, or `of
+/// CiliumLoadBalancerIPPool "NAME"` when the older pool is Cilium's (a
+/// pool's own entries that overlap say `in the same pool`: invalid, not an
+/// overlap).
 pub fn overlapped_pool(reason: &str) -> Option<&str> {
-    let (_, pool) = reason.rsplit_once(" of pool \"")?;
+    let (_, pool) = reason
+        .rsplit_once(" of pool \"")
+        .or_else(|| reason.rsplit_once(" of CiliumLoadBalancerIPPool \""))?;
     pool.strip_suffix('"')
 }
 
@@ -681,6 +685,8 @@ mod tests {
             rejection_reasons(overlap),
             (reason::OVERLAP, reason::OVERLAPPING_POOL)
         );
+        let cilium = r#"blocks[0] "10.0.0.0 - 10.0.0.255" overlaps "10.0.0.0 - 10.0.0.255" of CiliumLoadBalancerIPPool "blue""#;
+        assert_eq!(overlapped_pool(cilium), Some("blue"));
         let own = r#"addresses "10.0.0.0/24" overlap "10.0.0.1" in the same pool"#;
         assert_eq!(overlapped_pool(own), None);
         assert_eq!(

@@ -136,3 +136,89 @@ async fn list_only_stops_after_synced() {
     assert_eq!(stats.listed, 1);
     assert!(stats.synced);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_cilium_pools_when_served() {
+    let stub = ApiServerStub::start().await;
+    stub.create(namespace("ns"));
+    stub.create(serde_json::json!({
+        "apiVersion": "cilium.io/v2", "kind": "CiliumLoadBalancerIPPool",
+        "metadata": {"name": "blue"}, "spec": {"blocks": [{"cidr": "10.1.0.0/24"}]}
+    }));
+    stub.create(pool("default", &["192.168.10.0/24"]));
+    stub.create(service("ns", "web", "10.96.0.1"));
+
+    // Not served: not recorded, and not asked for.
+    let buffer = Buffer::default();
+    record(
+        stub.client("recorder"),
+        buffer.clone(),
+        true,
+        std::future::pending(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        buffer.lines(),
+        [
+            "ADDED Namespace ns",
+            "ADDED IPAddressPool metallb-system/default",
+            "ADDED Service ns/web",
+            "SYNCED",
+        ]
+    );
+
+    // Served: listed with the other pools, oldest first, then watched.
+    stub.serve_cilium(&["v2"]);
+    let buffer = Buffer::default();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let recording = tokio::spawn(record(
+        stub.client("recorder"),
+        buffer.clone(),
+        false,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    crate::support::eventually("SYNCED is written", || buffer.text().contains("SYNCED")).await;
+    assert_eq!(
+        buffer.lines(),
+        [
+            "ADDED Namespace ns",
+            "ADDED CiliumLoadBalancerIPPool blue",
+            "ADDED IPAddressPool metallb-system/default",
+            "ADDED Service ns/web",
+            "SYNCED",
+        ]
+    );
+    stub.create(serde_json::json!({
+        "apiVersion": "cilium.io/v2", "kind": "CiliumLoadBalancerIPPool",
+        "metadata": {"name": "green"}, "spec": {"blocks": [{"cidr": "10.2.0.0/24"}]}
+    }));
+    crate::support::eventually("green is written", || buffer.lines().len() == 6).await;
+    stop.send(()).unwrap();
+    recording.await.unwrap().unwrap();
+    assert_eq!(buffer.lines()[5], "ADDED CiliumLoadBalancerIPPool green");
+    let blue: Value = serde_json::from_str(buffer.text().lines().nth(1).unwrap()).unwrap();
+    assert_eq!(blue["object"]["apiVersion"], "cilium.io/v2");
+    assert_eq!(blue["object"]["spec"]["blocks"][0]["cidr"], "10.1.0.0/24");
+
+    // fake-watcher replays it: web takes the older, Cilium, pool.
+    let output = replay(
+        "recorded.jsonl",
+        buffer.text().as_bytes(),
+        &ReplayOptions::default(),
+    )
+    .await
+    .unwrap();
+    let web = output
+        .result
+        .services
+        .iter()
+        .find(|s| s.key == "ns/web")
+        .unwrap();
+    assert_eq!(
+        web.ips.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["10.1.0.0"]
+    );
+}

@@ -21,6 +21,9 @@ mod conditions;
 // Pool feedback: Events and the Accepted condition of rejected pools.
 mod pools;
 
+// Cilium's pools: discovery, their four conditions, the Service's condition.
+mod cilium;
+
 // What an operator sees: election status, Lease errors, watch backoff, logs.
 mod operation;
 

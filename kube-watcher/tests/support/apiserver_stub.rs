@@ -15,7 +15,13 @@
 //! - MetalLB's `ConfigurationState` (get, create, status patch), listed by
 //!   discovery (`/apis/metallb.io/v1beta1`) only once a test asks for it;
 //! - Leases (`coordination.k8s.io/v1`: get, create, replace with the
-//!   resourceVersion as precondition).
+//!   resourceVersion as precondition);
+//! - Cilium's `CiliumLoadBalancerIPPool`s (cluster-scoped: list, watch,
+//!   get, merge patch of the status subresource), and their discovery
+//!   documents (`/apis/cilium.io/v2`, `/apis/cilium.io/v2alpha1`), served
+//!   only at the versions a test installs (404 otherwise, as for a missing
+//!   CRD). A merge patch that carries `metadata.resourceVersion` is refused
+//!   with 409 when the object has another, as an API server does.
 //!
 //! Every request is recorded (method, path, query, content type, body and
 //! the `x-replica` header); tests can script failures of the next matching
@@ -48,6 +54,7 @@ pub(crate) enum Kind {
     Lease,
     Event,
     ConfigurationState,
+    CiliumPool,
 }
 
 impl Kind {
@@ -57,6 +64,7 @@ impl Kind {
             Kind::Pool | Kind::ConfigurationState => "metallb.io/v1beta1",
             Kind::Lease => "coordination.k8s.io/v1",
             Kind::Event => "events.k8s.io/v1",
+            Kind::CiliumPool => "cilium.io/v2",
         }
     }
 
@@ -68,6 +76,7 @@ impl Kind {
             Kind::Lease => "Lease",
             Kind::Event => "Event",
             Kind::ConfigurationState => "ConfigurationState",
+            Kind::CiliumPool => "CiliumLoadBalancerIPPool",
         }
     }
 
@@ -79,6 +88,7 @@ impl Kind {
             "Lease" => Some(Kind::Lease),
             "Event" => Some(Kind::Event),
             "ConfigurationState" => Some(Kind::ConfigurationState),
+            "CiliumLoadBalancerIPPool" => Some(Kind::CiliumPool),
             _ => None,
         }
     }
@@ -150,6 +160,8 @@ struct State {
     /// Whether pools' `status.conditions` is pruned, as MetalLB's own CRD
     /// (whose schema lacks it) makes the API server do.
     prune_pool_conditions: bool,
+    /// The versions of `cilium.io` that serve `ciliumloadbalancerippools`.
+    cilium_versions: Vec<&'static str>,
     created: u64,
 }
 
@@ -186,7 +198,7 @@ impl State {
             metadata
                 .entry("uid")
                 .or_insert_with(|| json!(format!("uid-{created}")));
-            if matches!(kind, Kind::Service | Kind::Pool) {
+            if matches!(kind, Kind::Service | Kind::Pool | Kind::CiliumPool) {
                 metadata.entry("generation").or_insert(json!(1));
             }
             metadata.entry("creationTimestamp").or_insert_with(|| {
@@ -572,6 +584,17 @@ impl ApiServerStub {
         self.lock().config_states = true;
     }
 
+    /// `cilium.io` serves `ciliumloadbalancerippools` at `versions` from
+    /// now on (the CRD installed; empty: removed).
+    #[allow(
+        dead_code,
+        reason = "used by the tests, not by benches/host.rs, which includes this file"
+    )]
+    pub(crate) fn serve_cilium(&self, versions: &[&'static str]) {
+        self.lock().cilium_versions = versions.to_vec();
+        self.bump();
+    }
+
     /// Pools' `status.conditions` is pruned from now on, as with MetalLB's
     /// own IPAddressPool CRD.
     pub(crate) fn prune_pool_conditions(&self) {
@@ -691,6 +714,7 @@ fn parse_path(path: &str) -> Option<Target> {
         "leases" => Some(Kind::Lease),
         "events" => Some(Kind::Event),
         "configurationstates" => Some(Kind::ConfigurationState),
+        "ciliumloadbalancerippools" => Some(Kind::CiliumPool),
         _ => None,
     };
     // Strip the group/version prefix.
@@ -701,6 +725,19 @@ fn parse_path(path: &str) -> Option<Target> {
     };
     match rest {
         [plural] => Some(Target::All(kind_of(plural)?)),
+        // Cluster-scoped custom resources.
+        [plural @ "ciliumloadbalancerippools", name] => Some(Target::One {
+            kind: kind_of(plural)?,
+            namespace: String::new(),
+            name: (*name).to_owned(),
+            status: false,
+        }),
+        [plural @ "ciliumloadbalancerippools", name, "status"] => Some(Target::One {
+            kind: kind_of(plural)?,
+            namespace: String::new(),
+            name: (*name).to_owned(),
+            status: true,
+        }),
         ["namespaces", name] => Some(Target::One {
             kind: Kind::Namespace,
             namespace: String::new(),
@@ -800,6 +837,19 @@ impl Server {
         if method == Method::GET && path == "/apis/metallb.io/v1beta1" {
             return self.discovery();
         }
+        if let Some(version) = path.strip_prefix("/apis/cilium.io/") {
+            let version = version.split('/').next().unwrap_or_default();
+            if !self.lock().cilium_versions.contains(&version) {
+                return status(
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                );
+            }
+            if method == Method::GET && path.trim_end_matches('/').ends_with(version) {
+                return self.cilium_discovery(version);
+            }
+        }
         let Some(target) = parse_path(&path) else {
             return status(404, "NotFound", "unknown path");
         };
@@ -870,7 +920,10 @@ impl Server {
                 },
             ) => {
                 // As an API server: no strategic merge for custom resources.
-                let custom = matches!(kind, Kind::Pool | Kind::ConfigurationState);
+                let custom = matches!(
+                    kind,
+                    Kind::Pool | Kind::ConfigurationState | Kind::CiliumPool
+                );
                 if !(merge || strategic && !custom) {
                     return status(
                         415,
@@ -883,6 +936,12 @@ impl Server {
                 let Some(mut object) = state.objects.get(&key).cloned() else {
                     return status(404, "NotFound", "not found");
                 };
+                // A resourceVersion in the patch is a precondition.
+                let precondition = &body["metadata"]["resourceVersion"];
+                if !precondition.is_null() && *precondition != object["metadata"]["resourceVersion"]
+                {
+                    return status(409, "Conflict", "the object has been modified");
+                }
                 // The status subresource takes only status; the object
                 // ignores status (as an API server does).
                 let patch = match (sub, body) {
@@ -959,6 +1018,26 @@ impl Server {
             StatusCode::OK,
             &json!({"kind": "APIResourceList", "apiVersion": "v1",
                     "groupVersion": "metallb.io/v1beta1", "resources": resources}),
+        )
+    }
+
+    /// The resources of `cilium.io/VERSION`, as discovery lists them.
+    fn cilium_discovery(&self, version: &str) -> Response<Body> {
+        let resource = |name: &str, verbs: Value| {
+            json!({"name": name, "singularName": "ciliumloadbalancerippool",
+                   "namespaced": false, "kind": "CiliumLoadBalancerIPPool", "verbs": verbs})
+        };
+        full(
+            StatusCode::OK,
+            &json!({"kind": "APIResourceList", "apiVersion": "v1",
+            "groupVersion": format!("cilium.io/{version}"),
+            "resources": [
+                resource("ciliumloadbalancerippools",
+                         json!(["delete", "deletecollection", "get", "list", "patch",
+                                "create", "update", "watch"])),
+                resource("ciliumloadbalancerippools/status",
+                         json!(["get", "patch", "update"])),
+            ]}),
         )
     }
 
