@@ -29,3 +29,7 @@ mod explain;
 
 // `fake-watcher what-if`: what applying objects would change; exit 3 with --fail-on-change.
 mod what_if;
+
+// Cilium LB-IPAM clusters: a recorded one replays unchanged, its mixed twin
+// moves nothing, --config takes Cilium pools.
+mod cilium;

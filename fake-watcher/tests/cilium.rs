@@ -1,0 +1,213 @@
+//! Cilium LB-IPAM clusters replayed (docs/cilium.md §6, §8): a recorded
+//! Cilium cluster replays with no address changed, its mixed twin (MetalLB
+//! pools added by `what-if`) moves no held address, and `--config` takes
+//! Cilium pools.
+
+use std::collections::BTreeMap;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use fake_watcher::{
+    load_apply_file, load_config, replay_blocking, what_if, ConfigPool, ReplayOptions,
+    ReplayOutput,
+};
+use serde_json::Value;
+
+const RECORDED: &str = "tests/streams/c30-recorded-cilium-cluster.jsonl";
+const MIXED: &str = "tests/streams/c30-recorded-cilium-cluster-metallb.yaml";
+
+fn path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+fn replay_text(text: &str, options: &ReplayOptions) -> ReplayOutput {
+    replay_blocking("stream.jsonl", text.as_bytes(), options, &mut ()).unwrap()
+}
+
+/// The objects of a stream's lines, in order.
+fn objects(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter(|line| line.starts_with('{'))
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter_map(|event| event.get("object").cloned())
+        .collect()
+}
+
+/// `type status reason message` of each condition.
+fn condition_texts(conditions: &[Value]) -> Vec<String> {
+    conditions
+        .iter()
+        .map(|c| {
+            ["type", "status", "reason", "message"]
+                .map(|field| c[field].as_str().unwrap_or_default())
+                .join(" ")
+        })
+        .collect()
+}
+
+/// The Service condition `type` in a result's Service, as `status reason`.
+fn condition(output: &ReplayOutput, key: &str, condition_type: &str) -> Option<String> {
+    let service = output.result.services.iter().find(|s| s.key == key)?;
+    let c = service
+        .conditions
+        .iter()
+        .find(|c| c.condition_type == condition_type)?;
+    Some(format!("{} {}", c.status, c.reason))
+}
+
+#[test]
+fn a_recorded_cilium_cluster_replays_with_no_address_changed() {
+    let text = std::fs::read_to_string(path(RECORDED)).unwrap();
+    let options = ReplayOptions::default().check_invariants(true);
+    let output = replay_text(&text, &options);
+    assert!(output.violations.is_empty(), "{:?}", output.violations);
+    // No ClearAssignment, no IPAllocated, no Warning: nothing happened to
+    // any address.
+    assert!(output.result.events.is_empty(), "{:?}", output.result.events);
+
+    // Every Service keeps the addresses Cilium gave it.
+    let recorded: BTreeMap<String, Vec<String>> = objects(&text)
+        .iter()
+        .filter(|o| o["kind"] == "Service")
+        .map(|o| {
+            let key = format!(
+                "{}/{}",
+                o["metadata"]["namespace"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap()
+            );
+            let mut ips: Vec<String> = o["status"]["loadBalancer"]["ingress"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["ip"].as_str().unwrap().to_owned())
+                .collect();
+            ips.sort();
+            (key, ips)
+        })
+        .collect();
+    assert_eq!(recorded.len(), output.result.services.len());
+    for service in &output.result.services {
+        let mut ips = service.ips.clone();
+        ips.sort();
+        assert_eq!(Some(&ips), recorded.get(&service.key), "{}", service.key);
+        assert_eq!(
+            condition(&output, &service.key, "cilium.io/IPAMRequestSatisfied").as_deref(),
+            Some("True satisfied"),
+            "{}",
+            service.key
+        );
+        assert_eq!(
+            condition(&output, &service.key, "metallb.io/AddressAssigned").as_deref(),
+            Some("True Assigned"),
+            "{}",
+            service.key
+        );
+    }
+
+    // Every pool's conditions, computed, are those Cilium wrote.
+    let written: BTreeMap<String, Vec<String>> = objects(&text)
+        .iter()
+        .filter(|o| o["kind"] == "CiliumLoadBalancerIPPool")
+        .map(|o| {
+            let conditions = o["status"]["conditions"].as_array().unwrap();
+            (
+                o["metadata"]["name"].as_str().unwrap().to_owned(),
+                condition_texts(conditions),
+            )
+        })
+        .collect();
+    let computed: BTreeMap<String, Vec<String>> = output
+        .result
+        .cilium_pools
+        .iter()
+        .map(|pool| {
+            let conditions = serde_json::to_value(&pool.conditions).unwrap();
+            (
+                pool.name.clone(),
+                condition_texts(conditions.as_array().unwrap()),
+            )
+        })
+        .collect();
+    assert_eq!(computed, written);
+    assert!(output.result.rejected_pools.is_empty());
+}
+
+/// docs/cilium.md §9 step 4: the other kind's pools added in a what-if move
+/// no held address (a newer overlapping pool is rejected, and so is a pool
+/// whose name a Cilium pool has).
+#[test]
+fn its_mixed_twin_moves_no_held_address() {
+    let stream = std::fs::File::open(path(RECORDED)).unwrap();
+    let appended = load_apply_file(&path(MIXED)).unwrap();
+    let report = what_if(
+        "c30.jsonl",
+        BufReader::new(stream),
+        &ReplayOptions::default(),
+        &appended,
+    )
+    .unwrap();
+    assert!(!report.moves_any(), "{:?}", report.changes);
+    assert!(report.changes.is_empty(), "{:?}", report.changes);
+    let rejected: Vec<(&str, &str, &str)> = report
+        .rejected_pools
+        .iter()
+        .map(|r| (r.name.as_str(), r.kind.as_str(), r.reason.as_str()))
+        .collect();
+    assert_eq!(
+        rejected,
+        [
+            (
+                "lb-pool",
+                "IPAddressPool",
+                "name \"lb-pool\" is taken by the older CiliumLoadBalancerIPPool \"lb-pool\""
+            ),
+            (
+                "metal-overlap",
+                "IPAddressPool",
+                "addresses \"192.168.50.0-192.168.50.127\" overlap \"192.168.50.0-192.168.50.255\" \
+                 of CiliumLoadBalancerIPPool \"lb-pool\""
+            ),
+        ]
+    );
+}
+
+/// docs/cilium.md §4.3 item 4: a dual-stack Service whose addresses lie in
+/// two Cilium pools (one pool per family, a common Cilium layout) keeps
+/// them at a restart.
+#[test]
+#[ignore = "the allocator holds one pool per Service: at SYNCED the pair is \
+            released (\"are in different pools\") and no single pool has both \
+            families, so the Service ends pending"]
+fn a_dual_stack_service_from_two_cilium_pools_keeps_both_at_restart() {
+    let text = r#"{"type":"ADDED","object":{"apiVersion":"cilium.io/v2","kind":"CiliumLoadBalancerIPPool","metadata":{"name":"v4"},"spec":{"blocks":[{"cidr":"192.168.50.0/24"}]}}}
+{"type":"ADDED","object":{"apiVersion":"cilium.io/v2","kind":"CiliumLoadBalancerIPPool","metadata":{"name":"v6"},"spec":{"blocks":[{"cidr":"2001:db8:50::/120"}]}}}
+{"type":"ADDED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"dual","namespace":"shop"},"spec":{"type":"LoadBalancer","ipFamilyPolicy":"RequireDualStack","ipFamilies":["IPv4","IPv6"],"ports":[{"port":80}]},"status":{"loadBalancer":{"ingress":[{"ip":"2001:db8:50::5"},{"ip":"192.168.50.5"}]}}}}
+{"type":"SYNCED"}
+"#;
+    let output = replay_text(text, &ReplayOptions::default());
+    assert!(output.result.events.is_empty(), "{:?}", output.result.events);
+    let mut ips = output.result.services[0].ips.clone();
+    ips.sort();
+    assert_eq!(ips, ["192.168.50.5", "2001:db8:50::5"]);
+}
+
+/// `--config` takes Cilium pools beside IPAddressPools (docs/replay.md §2.2).
+#[test]
+fn config_cilium_pools_serve_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("pools.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: cilium.io/v2alpha1\nkind: CiliumLoadBalancerIPPool\n\
+         metadata: {name: blue}\nspec: {blocks: [{cidr: 10.0.0.0/30}], allowFirstLastIPs: \"No\"}\n",
+    )
+    .unwrap();
+    let pools = load_config(&config).unwrap();
+    assert!(matches!(pools.as_slice(), [ConfigPool::Cilium(_)]));
+    let text = r#"{"type":"ADDED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"web","namespace":"shop"},"spec":{"type":"LoadBalancer","ports":[{"port":80}]}}}"#;
+    let output = replay_text(text, &ReplayOptions::default().pools(pools));
+    // The first address is a reserved end.
+    assert_eq!(output.result.services[0].ips, ["10.0.0.1"]);
+    assert_eq!(output.result.pools[0].kind, "CiliumLoadBalancerIPPool");
+    assert_eq!(output.result.cilium_pools[0].name, "blue");
+}
