@@ -424,3 +424,43 @@ async fn the_service_carries_both_conditions_from_one_patch() {
     );
     host.shutdown().await;
 }
+
+/// On tokio's paused clock (one thread: the host and the stub), as
+/// `host::nothing_is_decided_before_every_initial_list`: with the CRD
+/// served, the sync waits for the Cilium pools' list, and then a Service
+/// showing an address of a Cilium pool keeps it.
+#[tokio::test(start_paused = true)]
+async fn the_sync_waits_for_the_cilium_pools_when_served() {
+    let stub = ApiServerStub::start().await;
+    stub.serve_cilium(&["v2"]);
+    stub.create(namespace("ns"));
+    stub.create(cilium_pool("blue", json!([{"cidr": "10.1.0.0/24"}])));
+    let mut web = service("ns", "web", "10.96.0.1");
+    web["status"] = json!({"loadBalancer": {"ingress": [{"ip": "10.1.0.5"}]}});
+    stub.create(web);
+    stub.hold_lists(Kind::CiliumPool);
+    let host = Host::start(stub.client("a"), cilium_config("a"));
+    let mut leader = host.leader();
+    leader.wait_for(|l| *l).await.unwrap();
+    crate::support::eventually("Services and Namespaces are cached", || {
+        host.store().services().len() == 1 && host.store().namespaces().len() == 1
+    })
+    .await;
+    assert!(!host.synced().is_synced());
+    // 300 ms of virtual time: lease renewals, no decision.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(stub.requests().iter().all(|r| !r.is_object_write()));
+
+    stub.release(Kind::CiliumPool);
+    stub.wait_until("blue counts web's address", |stub| {
+        condition(stub, "blue", "cilium.io/IPsUsed").is_some_and(|c| c["message"] == "1")
+    })
+    .await;
+    assert!(host.synced().is_synced());
+    settled(&host).await;
+    assert_eq!(
+        ingress(&stub.get(Kind::Service, "ns", "web").unwrap()),
+        ["10.1.0.5"]
+    );
+    host.shutdown().await;
+}
