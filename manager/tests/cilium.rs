@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -221,6 +221,7 @@ struct Harness {
     controller: Arc<AllocatingController>,
     manager: Manager<AllocatingController>,
     cancel: CancellationToken,
+    synced: AtomicBool,
     read: AtomicUsize,
 }
 
@@ -236,6 +237,20 @@ impl Drop for Harness {
 impl Harness {
     /// A synced harness with this configuration and no pools.
     async fn with(config: ControllerConfig) -> Self {
+        let h = Self::unsynced(config);
+        h.sync().await;
+        h
+    }
+
+    /// Marks the manager synced (the host's initial list is complete).
+    async fn sync(&self) {
+        self.manager.mark_synced();
+        self.synced.store(true, Ordering::SeqCst);
+        self.settle().await;
+    }
+
+    /// A harness before sync: objects added now are the initial list.
+    fn unsynced(config: ControllerConfig) -> Self {
         let store = Arc::new(DashMapStore::default());
         let client = Arc::new(RecordingClient {
             store: Arc::clone(&store),
@@ -255,24 +270,28 @@ impl Harness {
         *client.manager.lock().unwrap() = Some(manager.clone());
         let cancel = CancellationToken::new();
         drop(manager.start(cancel.clone()));
-        let h = Self {
+        Self {
             store,
             client,
             controller,
             manager,
             cancel,
+            synced: AtomicBool::new(false),
             read: AtomicUsize::new(0),
-        };
-        h.manager.mark_synced();
-        h.settle().await;
-        h
+        }
     }
 
     async fn new() -> Self {
         Self::with(ControllerConfig::default()).await
     }
 
+    /// After sync: waits until the manager is idle and checks the
+    /// invariants (before sync nothing is decided).
     async fn settle(&self) {
+        if !self.synced.load(Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+            return;
+        }
         tokio::time::timeout(Duration::from_secs(600), self.manager.idle())
             .await
             .expect("the manager never became idle");
@@ -345,25 +364,21 @@ impl Harness {
             "spec": spec,
         }))
         .unwrap();
-        self.controller.set_cilium_pool(name, Some(&pool)).await;
-        self.nudge().await;
+        let old = self
+            .store
+            .cilium_pools
+            .insert(name.into(), Arc::new(pool.clone()));
+        match old {
+            Some(old) => self.manager.on_update(&*old, &pool).await,
+            None => self.manager.on_add(&pool).await,
+        }
+        .unwrap();
+        self.settle().await;
     }
 
     async fn delete_cilium_pool(&self, name: &str) {
-        self.controller.set_cilium_pool(name, None).await;
-        self.nudge().await;
-    }
-
-    /// TEMPORARY until the manager handles Cilium pools: the event of a
-    /// pool that is not there makes the manager reconsider every Service.
-    async fn nudge(&self) {
-        let pool: IPAddressPool = serde_json::from_value(json!({
-            "apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
-            "metadata": {"name": "zz-nudge", "namespace": "metallb-system"},
-            "spec": {"addresses": []},
-        }))
-        .unwrap();
-        self.manager.on_delete(&pool).await.unwrap();
+        let (_, old) = self.store.cilium_pools.remove(name).expect("no such pool");
+        self.manager.on_delete(&*old).await.unwrap();
         self.settle().await;
     }
 
@@ -1058,5 +1073,58 @@ mod families {
         .await;
         assert_eq!(h.ips("ns/a"), "10.0.10.5 fd00:10::5");
         assert_eq!(h.cilium("ns/a"), SATISFIED);
+    }
+}
+
+// ----- docs/cilium.md §3.6, §3.7: taking over from Cilium -----
+
+mod takeover {
+    use super::*;
+
+    /// A Service as Cilium left it: an address, Cilium's condition from an
+    /// older generation, none of ours.
+    fn from_cilium(key: &str, ip: &str) -> Svc {
+        svc(key)
+            .set(&["metadata", "generation"], json!(3))
+            .set(
+                &["status", "loadBalancer", "ingress"],
+                json!([{ "ip": ip }]),
+            )
+            .set(
+                &["status", "conditions"],
+                json!([{"type": CILIUM_CONDITION_TYPE, "status": "True",
+                        "reason": "satisfied", "message": "", "observedGeneration": 1,
+                        "lastTransitionTime": "2024-01-01T00:00:00Z"}]),
+            )
+    }
+
+    #[tokio::test]
+    async fn held_addresses_stay_and_cilium_condition_is_kept() {
+        let h = Harness::unsynced(ControllerConfig::default());
+        // Before sync: the initial list (queued, decided at sync).
+        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        h.add(from_cilium("ns/a", "10.0.10.7")).await;
+        h.add(from_cilium("ns/b", "10.0.10.3").cilium_ips("10.0.10.3"))
+            .await;
+        h.sync().await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.7");
+        assert_eq!(h.ips("ns/b"), "10.0.10.3");
+        let records = h.take();
+        // No address moved: only our own condition was added.
+        assert_eq!(writes(&records), ["ns/a <- 10.0.10.7", "ns/b <- 10.0.10.3"]);
+        assert!(
+            !records.iter().any(|r| matches!(r, Record::Event { .. })),
+            "{records:?}"
+        );
+        assert_eq!(h.cilium("ns/a"), SATISFIED);
+        // A restart now (everything shows what it holds) writes nothing.
+        let again = Harness::unsynced(ControllerConfig::default());
+        again.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
+        for key in ["ns/a", "ns/b"] {
+            let shown = Svc(serde_json::to_value(&*h.service(key)).unwrap());
+            again.add(shown).await;
+        }
+        again.sync().await;
+        assert_eq!(again.take(), Vec::<Record>::new());
     }
 }
