@@ -21,8 +21,8 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use manager::{
-    AllocatingController, CiliumCondition, Client, ClientError, Controller, ControllerConfig,
-    DashMapStore, Event, EventType, Manager, ManagerConfig, ServiceWrite, SharingAcrossNamespaces,
+    AllocatingController, CiliumCondition, Client, ClientError, ControllerConfig, DashMapStore,
+    Event, EventType, Manager, ManagerConfig, ServiceWrite, SharingAcrossNamespaces,
     CILIUM_CONDITION_TYPE, POOL_ANNOTATION,
 };
 use serde_json::{json, Value};
