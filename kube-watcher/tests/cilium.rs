@@ -464,3 +464,29 @@ async fn the_sync_waits_for_the_cilium_pools_when_served() {
     );
     host.shutdown().await;
 }
+
+/// A missing CRD is no error: one INFO line, however often discovery is
+/// asked again (logs captured on this thread: a current-thread runtime).
+#[tokio::test]
+async fn a_missing_crd_is_said_once_at_info() {
+    use kube_watcher::logging::{self, LogFormat};
+    let logs = crate::support::LogBuffer::default();
+    let subscriber = logging::subscriber(
+        LogFormat::Text,
+        false,
+        tracing_subscriber::EnvFilter::new(logging::DEFAULT_FILTER),
+        logs.clone(),
+    );
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let stub = ApiServerStub::start().await;
+    let host = Host::start(stub.client("a"), cilium_config("a"));
+    stub.wait_until("discovery is asked three times", |stub| {
+        discoveries(stub, "v2") >= 3
+    })
+    .await;
+    let said = logs.lines_with("CiliumLoadBalancerIPPools are not served");
+    assert_eq!(said.len(), 1, "{}", logs.text());
+    assert!(said[0].contains("INFO"), "{}", said[0]);
+    assert!(logs.lines_with("WARN").is_empty(), "{}", logs.text());
+    host.shutdown().await;
+}
