@@ -311,3 +311,77 @@ pub trait Client: Send + Sync + 'static {
     /// Emits an Event on the Service `key`.
     async fn emit_event(&self, key: &str, event: &Event) -> Result<(), ClientError>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn time(seconds: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(seconds).unwrap_or_default())
+    }
+
+    fn cilium(satisfied: bool, reason: &str) -> CiliumCondition {
+        CiliumCondition {
+            satisfied,
+            reason: reason.to_owned(),
+            message: String::new(),
+            observed_generation: Some(2),
+        }
+    }
+
+    fn types(conditions: &[Condition]) -> Vec<&str> {
+        conditions.iter().map(|c| c.type_.as_str()).collect()
+    }
+
+    #[test]
+    fn both_conditions_merge_on_their_type_and_keep_the_others() {
+        let other = Condition {
+            type_: "example.com/Ready".to_owned(),
+            status: "True".to_owned(),
+            reason: "Ok".to_owned(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: time(1),
+        };
+        let mut conditions = vec![other];
+        let set = ServiceWrite {
+            cilium_condition: CiliumConditionChange::Set(cilium(false, "no_pool")),
+            ..ServiceWrite::default()
+        };
+        set.merge_conditions(&mut conditions, &time(10));
+        assert_eq!(
+            types(&conditions),
+            ["example.com/Ready", CILIUM_CONDITION_TYPE]
+        );
+        // Same status: the transition time stays; another status: now.
+        let again = ServiceWrite {
+            cilium_condition: CiliumConditionChange::Set(cilium(false, "out_of_ips")),
+            ..ServiceWrite::default()
+        };
+        again.merge_conditions(&mut conditions, &time(20));
+        let shown = |c: &[Condition]| {
+            c.iter()
+                .find(|c| c.type_ == CILIUM_CONDITION_TYPE)
+                .map(|c| (c.reason.clone(), c.last_transition_time.clone()))
+        };
+        assert_eq!(shown(&conditions), Some(("out_of_ips".into(), time(10))));
+        let satisfied = ServiceWrite {
+            cilium_condition: CiliumConditionChange::Set(cilium(true, "satisfied")),
+            ..ServiceWrite::default()
+        };
+        satisfied.merge_conditions(&mut conditions, &time(30));
+        assert_eq!(shown(&conditions), Some(("satisfied".into(), time(30))));
+        // Keep leaves it; Remove takes only it away.
+        ServiceWrite::default().merge_conditions(&mut conditions, &time(40));
+        assert_eq!(
+            types(&conditions),
+            ["example.com/Ready", CILIUM_CONDITION_TYPE]
+        );
+        let remove = ServiceWrite {
+            cilium_condition: CiliumConditionChange::Remove,
+            ..ServiceWrite::default()
+        };
+        remove.merge_conditions(&mut conditions, &time(50));
+        assert_eq!(types(&conditions), ["example.com/Ready"]);
+    }
+}
