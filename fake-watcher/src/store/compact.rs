@@ -459,18 +459,42 @@ fn encode_status(out: &mut Encoder<'_>, status: &ServiceStatus) -> Option<()> {
     Some(())
 }
 
-/// An IPv4 address written as `Ipv4Addr` writes it (the parser refuses
-/// leading zeros, so a parsed address prints as given; checked anyway).
+/// An IPv4 address written as `Ipv4Addr` writes it: four decimal octets,
+/// none with a leading zero.
 fn canonical_ipv4(text: &str) -> Option<Ipv4Addr> {
-    if text.len() > 15 {
-        return None;
+    let mut octets = [0_u8; 4];
+    let mut parts = text.split('.');
+    for octet in &mut octets {
+        let part = parts.next()?;
+        if part.is_empty()
+            || part.len() > 3
+            || !part.bytes().all(|b| b.is_ascii_digit())
+            || (part.len() > 1 && part.starts_with('0'))
+        {
+            return None;
+        }
+        *octet = part.parse().ok()?;
     }
-    let ip: Ipv4Addr = text.parse().ok()?;
-    let mut buffer = [0_u8; 15];
-    let mut cursor = std::io::Cursor::new(&mut buffer[..]);
-    std::io::Write::write_fmt(&mut cursor, format_args!("{ip}")).ok()?;
-    let written = usize::try_from(cursor.position()).ok()?;
-    (buffer.get(..written)? == text.as_bytes()).then_some(ip)
+    parts.next().is_none().then_some(Ipv4Addr::from(octets))
+}
+
+/// `ip` as `Ipv4Addr` prints it, without the formatting machinery (a read
+/// of a Service prints two or three).
+fn ipv4_text(octets: [u8; 4]) -> String {
+    let mut text = String::with_capacity(15);
+    for (at, octet) in octets.into_iter().enumerate() {
+        if at > 0 {
+            text.push('.');
+        }
+        if octet >= 100 {
+            text.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            text.push(char::from(b'0' + octet / 10 % 10));
+        }
+        text.push(char::from(b'0' + octet % 10));
+    }
+    text
 }
 
 /// A UUID in lowercase hex with its four hyphens.
@@ -570,15 +594,19 @@ impl Decoder<'_> {
                 for (slot, byte) in octets.iter_mut().zip(self.take(4)) {
                     *slot = *byte;
                 }
-                Ipv4Addr::from(octets).to_string()
+                ipv4_text(octets)
             }
             UUID => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
                 let mut text = String::with_capacity(36);
                 for (at, byte) in self.take(16).iter().enumerate() {
                     if matches!(at, 4 | 6 | 8 | 10) {
                         text.push('-');
                     }
-                    text.push_str(&format!("{byte:02x}"));
+                    for nibble in [byte >> 4, byte & 0xf] {
+                        let digit = HEX.get(usize::from(nibble)).copied().unwrap_or(b'0');
+                        text.push(char::from(digit));
+                    }
                 }
                 text
             }
@@ -833,6 +861,22 @@ mod tests {
     #[test]
     fn only_canonical_forms_are_binary() {
         assert_eq!(canonical_ipv4("10.0.0.1"), Some(Ipv4Addr::new(10, 0, 0, 1)));
+        for text in ["0.0.0.0", "255.255.255.255", "1.20.100.9", "192.168.0.10"] {
+            let ip = canonical_ipv4(text).unwrap();
+            assert_eq!(ipv4_text(ip.octets()), text);
+            assert_eq!(ip.to_string(), text);
+        }
+        for text in [
+            "256.0.0.1",
+            "1.2.3",
+            "1.2.3.4.5",
+            "1..2.3",
+            "+1.2.3.4",
+            "1.2.3.4 ",
+            "00.1.2.3",
+        ] {
+            assert_eq!(canonical_ipv4(text), None, "{text}");
+        }
         assert_eq!(canonical_ipv4("10.0.0.01"), None);
         assert_eq!(canonical_ipv4(" 10.0.0.1"), None);
         assert!(canonical_uuid("0a1b2c3d-0000-4000-8000-00000000abcd").is_some());
