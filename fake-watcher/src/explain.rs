@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::io::BufRead;
 use std::net::IpAddr;
 
-use allocator::{AllocError, Family, Step, Verdict};
+use allocator::{AllocError, Family, PoolKind, Step, Verdict};
 use manager::{Judgement, NotHandled, ServiceCondition, CONDITION_TYPE};
 use serde::Serialize;
 
@@ -117,6 +117,8 @@ pub struct KeepDocument {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PoolDocument {
     pub name: String,
+    /// `IPAddressPool` or `CiliumLoadBalancerIPPool`.
+    pub kind: String,
     /// `holds`, `fits`, `namespace-not-served`, `service-selector-mismatch`,
     /// `auto-assign-off`, `no-family`, `full`, `sharing-refused` or
     /// `refused`.
@@ -196,7 +198,15 @@ impl Catcher<'_> {
             })
             .collect();
         let explanation = plugin.controller.explain(self.key);
-        self.caught = Some(explanation.map(|e| document(e, self.at, events)));
+        // Pool names are one name space across both kinds (docs/cilium.md
+        // §2.6): the accepted pool of a name has one kind.
+        let kinds: BTreeMap<String, PoolKind> = plugin
+            .controller
+            .pool_stats()
+            .into_iter()
+            .map(|stats| (stats.name, stats.kind))
+            .collect();
+        self.caught = Some(explanation.map(|e| document(e, self.at, events, &kinds)));
     }
 }
 
@@ -220,6 +230,7 @@ fn document(
     explanation: manager::Explanation,
     at_line: Option<u64>,
     events: Vec<EventDocument>,
+    kinds: &BTreeMap<String, PoolKind>,
 ) -> ExplainDocument {
     let asks_document = asks_document(&explanation.asks);
     let shows = ShowsDocument {
@@ -234,7 +245,7 @@ fn document(
     let not_handled = explanation.handled.as_ref().err().map(not_handled_text);
     let namespace = explanation.key.split('/').next().unwrap_or_default();
     let (step, keep, pools, outcome) =
-        judgement_documents(explanation.judgement.as_ref(), namespace);
+        judgement_documents(explanation.judgement.as_ref(), namespace, kinds);
     ExplainDocument {
         key: explanation.key,
         at_line,
@@ -281,7 +292,11 @@ type JudgementDocuments = (
 );
 
 /// The step, keep verdict, pool verdicts and outcome of a judgement.
-fn judgement_documents(judgement: Option<&Judgement>, namespace: &str) -> JudgementDocuments {
+fn judgement_documents(
+    judgement: Option<&Judgement>,
+    namespace: &str,
+    kinds: &BTreeMap<String, PoolKind>,
+) -> JudgementDocuments {
     match judgement {
         None => (None, None, Vec::new(), outcome_error("not handled")),
         Some(Judgement::NoClusterIp) => (
@@ -305,7 +320,13 @@ fn judgement_documents(judgement: Option<&Judgement>, namespace: &str) -> Judgem
             pools
                 .pools
                 .iter()
-                .map(|p| pool_document(p, namespace))
+                .map(|p| {
+                    let kind = kinds
+                        .get(&p.pool)
+                        .copied()
+                        .unwrap_or(PoolKind::IPAddressPool);
+                    pool_document(p, kind, namespace)
+                })
                 .collect(),
             match &pools.outcome {
                 Ok(holding) => OutcomeDocument {
@@ -368,7 +389,7 @@ fn ip_list(ips: &[IpAddr]) -> String {
     strings(ips).join(", ")
 }
 
-fn pool_document(pool: &allocator::PoolVerdict, namespace: &str) -> PoolDocument {
+fn pool_document(pool: &allocator::PoolVerdict, kind: PoolKind, namespace: &str) -> PoolDocument {
     let none: Vec<String> = Vec::new();
     let (verdict, ips, family, message): (&str, Vec<String>, Option<Family>, String) =
         match &pool.verdict {
@@ -394,7 +415,16 @@ fn pool_document(pool: &allocator::PoolVerdict, namespace: &str) -> PoolDocument
                 "service-selector-mismatch",
                 none,
                 None,
-                "skipped: its serviceSelectors do not match the Service's labels".to_owned(),
+                match kind {
+                    PoolKind::CiliumLoadBalancerIPPool => {
+                        "skipped: its serviceSelector does not match the Service's labels \
+                         (with io.kubernetes.service.namespace and io.kubernetes.service.name)"
+                            .to_owned()
+                    }
+                    PoolKind::IPAddressPool => {
+                        "skipped: its serviceSelectors do not match the Service's labels".to_owned()
+                    }
+                },
             ),
             Verdict::Disabled => (
                 "disabled",
@@ -439,6 +469,7 @@ fn pool_document(pool: &allocator::PoolVerdict, namespace: &str) -> PoolDocument
         };
     PoolDocument {
         name: pool.pool.clone(),
+        kind: kind.to_string(),
         verdict,
         chosen: pool.chosen,
         ips,

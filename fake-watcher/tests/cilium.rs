@@ -8,8 +8,7 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use fake_watcher::{
-    load_apply_file, load_config, replay_blocking, what_if, ConfigPool, ReplayOptions,
-    ReplayOutput,
+    load_apply_file, load_config, replay_blocking, what_if, ConfigPool, ReplayOptions, ReplayOutput,
 };
 use serde_json::Value;
 
@@ -63,7 +62,11 @@ fn a_recorded_cilium_cluster_replays_with_no_address_changed() {
     assert!(output.violations.is_empty(), "{:?}", output.violations);
     // No ClearAssignment, no IPAllocated, no Warning: nothing happened to
     // any address.
-    assert!(output.result.events.is_empty(), "{:?}", output.result.events);
+    assert!(
+        output.result.events.is_empty(),
+        "{:?}",
+        output.result.events
+    );
 
     // Every Service keeps the addresses Cilium gave it.
     let recorded: BTreeMap<String, Vec<String>> = objects(&text)
@@ -185,7 +188,11 @@ fn a_dual_stack_service_from_two_cilium_pools_keeps_both_at_restart() {
 {"type":"SYNCED"}
 "#;
     let output = replay_text(text, &ReplayOptions::default());
-    assert!(output.result.events.is_empty(), "{:?}", output.result.events);
+    assert!(
+        output.result.events.is_empty(),
+        "{:?}",
+        output.result.events
+    );
     let mut ips = output.result.services[0].ips.clone();
     ips.sort();
     assert_eq!(ips, ["192.168.50.5", "2001:db8:50::5"]);
@@ -210,4 +217,49 @@ fn config_cilium_pools_serve_the_stream() {
     assert_eq!(output.result.services[0].ips, ["10.0.0.1"]);
     assert_eq!(output.result.pools[0].kind, "CiliumLoadBalancerIPPool");
     assert_eq!(output.result.cilium_pools[0].name, "blue");
+}
+
+/// `explain` on a Cilium stream: each pool has its kind, and a Cilium
+/// selector's mismatch says which labels it saw.
+#[test]
+fn explain_names_cilium_pools_and_their_selector() {
+    let stream =
+        std::fs::File::open(path("tests/streams/c13-selector-pseudo-labels.jsonl")).unwrap();
+    let document = fake_watcher::explain_stream(
+        "c13.jsonl",
+        BufReader::new(stream),
+        &ReplayOptions::default(),
+        "tenant-two/impostor",
+        None,
+    )
+    .unwrap()
+    .unwrap();
+    let pools: Vec<(&str, &str, &str)> = document
+        .pools
+        .iter()
+        .map(|p| (p.name.as_str(), p.kind.as_str(), p.verdict))
+        .collect();
+    assert_eq!(
+        pools,
+        [
+            (
+                "by-name",
+                "CiliumLoadBalancerIPPool",
+                "service-selector-mismatch"
+            ),
+            (
+                "red",
+                "CiliumLoadBalancerIPPool",
+                "service-selector-mismatch"
+            ),
+            (
+                "tenant-one",
+                "CiliumLoadBalancerIPPool",
+                "service-selector-mismatch"
+            ),
+        ]
+    );
+    assert!(document.pools[2]
+        .message
+        .contains("io.kubernetes.service.namespace"));
 }
