@@ -375,6 +375,7 @@ where
     S: Handler<K> + 'static,
 {
     tokio::spawn(async move {
+        let mut driver = driver;
         let stream = with_backoff(stream, driver.kind(), backoff);
         tokio::select! {
             () = cancel.cancelled() => {}

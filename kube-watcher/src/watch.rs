@@ -316,7 +316,7 @@ where
     /// [`handle`](Driver::handle), the first completed list marked on
     /// `synced`. Watch errors are skipped: the stream logs and retries them
     /// (see [`crate::retry`]).
-    pub async fn run<St, S>(mut self, stream: St, sink: &S, synced: &SyncTracker)
+    pub async fn run<St, S>(&mut self, stream: St, sink: &S, synced: &SyncTracker)
     where
         St: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
         S: Handler<K> + ?Sized,

@@ -465,28 +465,32 @@ async fn the_sync_waits_for_the_cilium_pools_when_served() {
     host.shutdown().await;
 }
 
-/// A missing CRD is no error: one INFO line, however often discovery is
-/// asked again (logs captured on this thread: a current-thread runtime).
-#[tokio::test]
-async fn a_missing_crd_is_said_once_at_info() {
-    use kube_watcher::logging::{self, LogFormat};
-    let logs = crate::support::LogBuffer::default();
-    let subscriber = logging::subscriber(
-        LogFormat::Text,
-        false,
-        tracing_subscriber::EnvFilter::new(logging::DEFAULT_FILTER),
-        logs.clone(),
-    );
-    let _guard = tracing::subscriber::set_default(subscriber);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crd_removed_or_a_version_dropped_goes_back_to_discovery() {
     let stub = ApiServerStub::start().await;
+    stub.serve_cilium(&["v2", "v2alpha1"]);
+    stub.create(cilium_pool("blue", json!([{"cidr": "10.1.0.0/24"}])));
     let host = Host::start(stub.client("a"), cilium_config("a"));
-    stub.wait_until("discovery is asked three times", |stub| {
-        discoveries(stub, "v2") >= 3
+    stub.wait_until("blue is written at v2", |stub| {
+        cilium_conditions(stub, "blue").len() == 4
     })
     .await;
-    let said = logs.lines_with("CiliumLoadBalancerIPPools are not served");
-    assert_eq!(said.len(), 1, "{}", logs.text());
-    assert!(said[0].contains("INFO"), "{}", said[0]);
-    assert!(logs.lines_with("WARN").is_empty(), "{}", logs.text());
+    assert_eq!(host.store().cilium_pools().len(), 1);
+
+    // The CRD is removed: the watch meets 404s, the pools are forgotten.
+    stub.serve_cilium(&[]);
+    stub.disconnect_watches();
+    crate::support::eventually("the cache forgets blue", || {
+        host.store().cilium_pools().is_empty()
+    })
+    .await;
+
+    // Installed again, at v2alpha1 only: watched there.
+    stub.serve_cilium(&["v2alpha1"]);
+    crate::support::eventually("the cache has blue again", || {
+        host.store().cilium_pools().len() == 1
+    })
+    .await;
+    assert!(pool_lists(&stub, "v2alpha1") >= 1);
     host.shutdown().await;
 }
