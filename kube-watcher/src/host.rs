@@ -6,9 +6,10 @@
 //! `manager`, that forwards to the Manager of the current term and drops
 //! events while there is none. On becoming leader a replica builds a fresh
 //! [`AllocatingController`] and [`Manager`], starts its worker, makes it
-//! current, hands it every object of the cache (namespaces, then pools, then
-//! Services oldest first), and marks it synced once every watcher finished
-//! its initial list: the manager then rebuilds its state from the Services'
+//! current, hands it every object of the cache (namespaces, then pools of
+//! both kinds, then Services oldest first), and marks it synced once every
+//! watcher finished its initial list (the Cilium pools' only where
+//! discovery finds them served, see [`crate::cilium`]): the manager then rebuilds its state from the Services'
 //! statuses (docs/allocation.md, restarts) and changes no address. On losing the lease the
 //! gate shuts at once (the client refuses writes), the term's worker and
 //! pool status writer are cancelled, and the Manager is dropped.

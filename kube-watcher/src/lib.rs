@@ -7,17 +7,19 @@
 //!   initial lists of Services, `IPAddressPool`s, Namespaces and (when
 //!   served) `CiliumLoadBalancerIPPool`s end with the manager marked synced.
 //! - [`client`]: `manager::Client` over the API: the pool annotation by a
-//!   merge patch, the addresses and the `metallb.io/AddressAssigned`
-//!   condition by a strategic merge patch of the status subresource (other
-//!   conditions stay), 409 retried, Events through kube-runtime's recorder.
+//!   merge patch, the addresses, the `metallb.io/AddressAssigned`
+//!   condition and Cilium's `cilium.io/IPAMRequestSatisfied` by a strategic
+//!   merge patch of the status subresource (other conditions stay), 409
+//!   retried, Events through kube-runtime's recorder.
 //! - [`lean`]: what the cache keeps of each object (what the rules read).
 //! - [`lease`]: leader election on a `coordination.k8s.io/v1` Lease, with a
 //!   write gate that shuts the moment leadership may be lost.
 //! - [`host`]: the wiring: one Manager and controller per leadership term,
 //!   rebuilt from the cache and the Services' statuses.
 //! - [`pool_status`], [`metrics`]: MetalLB's pool status fields, the
-//!   pools' `Accepted` condition and Warning Events, allocator metrics,
-//!   `/metrics`, `/healthz`, `/readyz`.
+//!   pools' `Accepted` condition and Warning Events, Cilium's four
+//!   `cilium.io/` conditions on `CiliumLoadBalancerIPPool`s, allocator
+//!   metrics (per pool and kind), `/metrics`, `/healthz`, `/readyz`.
 //! - [`config_state`]: MetalLB's `ConfigurationState`, where its CRD exists.
 //! - [`logging`]: the log subscriber (text, no colour unless on a
 //!   terminal).
