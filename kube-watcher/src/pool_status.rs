@@ -13,7 +13,7 @@
 //!
 //! `CiliumLoadBalancerIPPool`s (once discovery found them served) get
 //! Cilium's four conditions instead (docs/cilium.md §2.8, see
-//! [`cilium_conditions`]): `cilium.io/IPsTotal`, `IPsAvailable`, `IPsUsed`
+//! [`CiliumPoolState`]): `cilium.io/IPsTotal`, `IPsAvailable`, `IPsUsed`
 //! and `PoolConflict`, written only when one of them would change. Conditions
 //! of other types stay: the list is read from the cache, our four replaced
 //! or appended, and the whole list written by a JSON merge patch of the
