@@ -26,7 +26,8 @@ pub(crate) struct ReplayFlags {
     /// How to print the result.
     #[arg(long, short, value_enum, default_value_t = Output::Table)]
     output: Output,
-    /// Load pools from a MetalLB legacy configuration file first.
+    /// Load pools first: a MetalLB legacy configuration file, or pool
+    /// objects (IPAddressPool, CiliumLoadBalancerIPPool).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Handle only Services of this spec.loadBalancerClass.
@@ -67,7 +68,8 @@ pub(crate) struct WhatIfArgs {
     /// The stream (`.jsonl`); `-` reads standard input.
     stream: PathBuf,
     /// Objects to apply after the stream (YAML or JSON; Service,
-    /// IPAddressPool, Namespace; a List too), in order.
+    /// IPAddressPool, CiliumLoadBalancerIPPool, Namespace; a List too), in
+    /// order.
     #[arg(long, value_name = "FILE", required_unless_present = "delete")]
     apply: Vec<PathBuf>,
     /// Objects to delete after the applies: KIND/[NAMESPACE/]NAME.

@@ -52,7 +52,8 @@ struct ReplayArgs {
     /// How to print the result.
     #[arg(long, short, value_enum, default_value_t = Output::Table)]
     output: Output,
-    /// Load pools from a MetalLB legacy configuration file first.
+    /// Load pools first: a MetalLB legacy configuration file, or pool
+    /// objects (IPAddressPool, CiliumLoadBalancerIPPool).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Handle only Services of this spec.loadBalancerClass (empty: only
