@@ -289,3 +289,128 @@ fn a_cilium_request_ignores_the_family_policy() {
         Some("True satisfied")
     );
 }
+
+/// Keeps the final Services and Cilium pools of a replay, as a cluster
+/// would list them.
+#[derive(Default)]
+struct FinalState {
+    services: Vec<Value>,
+    cilium_pools: Vec<Value>,
+}
+
+impl fake_watcher::Observer for FinalState {
+    fn finished(&mut self, plugin: &fake_watcher::Plugin) {
+        plugin.store.for_each_service(|_, service| {
+            self.services.push(serde_json::to_value(service).unwrap());
+        });
+        for pool in plugin.store.cilium_pools() {
+            let mut object = serde_json::to_value(&*pool).unwrap();
+            object["apiVersion"] = "cilium.io/v2".into();
+            object["kind"] = "CiliumLoadBalancerIPPool".into();
+            self.cilium_pools.push(object);
+        }
+    }
+}
+
+/// `--lb-class` of a stream's `# options:` header line, if any.
+fn lb_class_of(text: &str) -> Option<String> {
+    let line = text.lines().find(|l| l.starts_with("# options:"))?;
+    let mut words = line.split_whitespace();
+    words.find(|w| *w == "--lb-class")?;
+    words.next().map(str::to_owned)
+}
+
+/// The `IPAddressPool`s and Namespaces a stream leaves, in creation order.
+fn other_objects(text: &str) -> Vec<Value> {
+    let mut objects: Vec<(String, Value)> = Vec::new();
+    for line in text.lines().filter(|line| line.starts_with('{')) {
+        let event: Value = serde_json::from_str(line).unwrap();
+        let object = &event["object"];
+        let kind = object["kind"].as_str().unwrap_or_default();
+        if kind != "IPAddressPool" && kind != "Namespace" {
+            continue;
+        }
+        let id = format!("{kind}/{}", object["metadata"]["name"]);
+        let at = objects.iter().position(|(known, _)| *known == id);
+        match (event["type"].as_str(), at) {
+            (Some("DELETED"), Some(at)) => {
+                objects.remove(at);
+            }
+            (Some("DELETED"), None) => {}
+            (_, Some(at)) => objects[at].1 = object.clone(),
+            (_, None) => objects.push((id, object.clone())),
+        }
+    }
+    objects.into_iter().map(|(_, object)| object).collect()
+}
+
+/// docs/cilium.md §3.7, allocation.md §4.5: restarting on the cluster each
+/// Cilium corpus stream leaves (every object listed, then SYNCED) keeps
+/// every address a Service holds.
+#[test]
+fn a_restart_after_each_cilium_stream_keeps_every_address() {
+    let dir = path("tests/streams");
+    let mut streams: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with('c') && name.ends_with(".jsonl")
+        })
+        .collect();
+    streams.sort();
+    assert!(streams.len() >= 20, "{streams:?}");
+    let mut failures = Vec::new();
+    for stream in streams {
+        let text = std::fs::read_to_string(&stream).unwrap();
+        let mut options = ReplayOptions::default();
+        if let Some(class) = lb_class_of(&text) {
+            options = options.lb_class(class);
+        }
+        let mut state = FinalState::default();
+        let before =
+            replay_blocking("before.jsonl", text.as_bytes(), &options, &mut state).unwrap();
+        let mut lines: Vec<String> = Vec::new();
+        let objects = other_objects(&text)
+            .into_iter()
+            .chain(state.cilium_pools)
+            .chain(state.services);
+        for object in objects {
+            lines.push(serde_json::json!({"type": "ADDED", "object": object}).to_string());
+        }
+        lines.push(r#"{"type":"SYNCED"}"#.to_owned());
+        let restart = lines.join("\n");
+        let after = replay_text(&restart, &options.clone().check_invariants(true));
+        assert!(after.violations.is_empty(), "{:?}", after.violations);
+        let name = stream.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(
+            before.result.services.len(),
+            after.result.services.len(),
+            "{name}"
+        );
+        for service in &before.result.services {
+            let now = after.result.services.iter().find(|s| s.key == service.key);
+            // Kept from the status, not given anew (no IPAllocated).
+            let given_anew = after
+                .result
+                .events
+                .iter()
+                .any(|e| e.key == service.key && e.reason == "IPAllocated");
+            let kept = now.is_some_and(|now| {
+                let (mut was, mut is) = (service.ips.clone(), now.ips.clone());
+                was.sort();
+                is.sort();
+                was.is_empty() || (was == is && !given_anew)
+            });
+            if !kept {
+                failures.push(format!(
+                    "{name}: {} held {:?}, after a restart {:?}",
+                    service.key,
+                    service.ips,
+                    now.map(|now| &now.ips)
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
