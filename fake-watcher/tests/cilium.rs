@@ -269,9 +269,6 @@ fn explain_names_cilium_pools_and_their_selector() {
 /// `ipFamilyPolicy` says; a RequireDualStack Service asking for one IPv4
 /// address holds it, satisfied, and keeps it at a restart.
 #[test]
-#[ignore = "the controller applies MetalLB's family rule to Cilium requests: \
-            WrongFamily, the held address released, and Cilium's condition \
-            says no_pool \"No pool exists with a CIDR containing '10.0.10.21'\""]
 fn a_cilium_request_ignores_the_family_policy() {
     let text = r#"{"type":"ADDED","object":{"apiVersion":"cilium.io/v2","kind":"CiliumLoadBalancerIPPool","metadata":{"name":"p"},"spec":{"blocks":[{"cidr":"10.0.10.0/24"},{"cidr":"fd00::/120"}]}}}
 {"type":"ADDED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"a","namespace":"ns","annotations":{"lbipam.cilium.io/ips":"10.0.10.21"}},"spec":{"type":"LoadBalancer","ipFamilyPolicy":"RequireDualStack","ports":[{"port":80}]},"status":{"loadBalancer":{"ingress":[{"ip":"10.0.10.21"}]}}}}

@@ -235,7 +235,14 @@ impl<'a> ServiceView<'a> {
             namespace,
             name,
             labels: service.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
-            families: families(service),
+            families: match &requested {
+                // Cilium ignores the family policy once addresses are
+                // requested (docs/cilium.md §3.3): they are the families.
+                Ok(ips) if cilium_request && !ips.is_empty() => {
+                    families(service).map(|_| requested_families(ips))
+                }
+                _ => families(service),
+            },
             requested,
             cilium_request,
             pool: pool.value.map(str::trim).filter(|p| !p.is_empty()),
@@ -405,6 +412,18 @@ pub(crate) fn shortened(text: &str) -> String {
     match text.char_indices().nth(LIMIT) {
         Some((end, _)) => format!("{}…", text.get(..end).unwrap_or_default()),
         None => text.to_owned(),
+    }
+}
+
+/// The families of a set of requested addresses (at most one of each).
+fn requested_families(ips: &[IpAddr]) -> FamilyPolicy {
+    match (
+        ips.iter().any(IpAddr::is_ipv4),
+        ips.iter().any(IpAddr::is_ipv6),
+    ) {
+        (true, true) => FamilyPolicy::RequireDual,
+        (false, true) => FamilyPolicy::Single(Family::V6),
+        _ => FamilyPolicy::Single(Family::V4),
     }
 }
 
@@ -749,6 +768,25 @@ mod tests {
         spec.selector = Some([("app".to_string(), "web".to_string())].into());
         let keyed = service(&[("lbipam.cilium.io/sharing-key", "k")], spec);
         assert_eq!(view(&keyed).backend_key, "app=web");
+    }
+
+    #[test]
+    fn a_cilium_request_sets_the_families() {
+        let mut spec = lb(&["10.96.0.1", "fd00::1"]);
+        spec.ip_family_policy = Some("RequireDualStack".into());
+        let mut service = service(&[("lbipam.cilium.io/ips", "fd00::5")], spec);
+        let view = ServiceView::new(&service, SharingAcrossNamespaces::Allow);
+        assert_eq!(view.families, Some(FamilyPolicy::Single(Family::V6)));
+        // MetalLB's annotation keeps the cluster IPs' families.
+        service.metadata.annotations = Some(
+            [(
+                "metallb.io/loadBalancerIPs".to_owned(),
+                "10.0.0.5".to_owned(),
+            )]
+            .into(),
+        );
+        let view = ServiceView::new(&service, SharingAcrossNamespaces::Allow);
+        assert_eq!(view.families, Some(FamilyPolicy::RequireDual));
     }
 
     #[test]
