@@ -227,7 +227,7 @@ async fn record_command(args: RecordArgs) -> Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the cluster (kubeconfig or in-cluster)")?;
-    let out: Box<dyn Write> = if args.output.as_os_str() == "-" {
+    let out: Box<dyn Write + Send> = if args.output.as_os_str() == "-" {
         Box::new(BufWriter::new(std::io::stdout()))
     } else {
         let file = File::create(&args.output)
