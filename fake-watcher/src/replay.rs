@@ -399,8 +399,7 @@ async fn run(
         host.mark_synced(last_line).await?;
     }
     observer.finished(&host.plugin);
-    output.result = host.result();
-    output.other_class = host.other_class(options.lb_class.as_deref());
+    (output.result, output.other_class) = host.result(options.lb_class.as_deref());
     Ok(())
 }
 
@@ -569,14 +568,28 @@ impl Host {
         });
     }
 
-    /// The §3 result of the store and the controller as they are now; it
-    /// takes the Events out of the client's log (called once, at the end).
-    fn result(&self) -> ReplayResult {
+    /// The §3 result of the store and the controller as they are now, and
+    /// the LoadBalancer Services whose class is not `lb_class` (an empty
+    /// class being none, as the controller reads it); it takes the Events
+    /// out of the client's log (called once, at the end).
+    fn result(&self, lb_class: Option<&str>) -> (ReplayResult, BTreeSet<String>) {
+        // One pass over the Services (each is built to be read).
+        let ours = lb_class.filter(|class| !class.is_empty());
         let mut services = Vec::new();
+        let mut other_class = BTreeSet::new();
         self.plugin.store.for_each_service(|key, service| {
-            if is_load_balancer(service) {
-                services.push(service_result(key.to_owned(), service));
+            if !is_load_balancer(service) {
+                return;
             }
+            let class = service
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.load_balancer_class.as_deref())
+                .filter(|class| !class.is_empty());
+            if class != ours {
+                other_class.insert(key.to_owned());
+            }
+            services.push(service_result(key.to_owned(), service));
         });
         let family = |stats: allocator::FamilyStats| FamilyResult {
             total: Count(stats.total),
@@ -608,31 +621,14 @@ impl Host {
                 reason: rejected.reason,
             })
             .collect();
-        ReplayResult {
+        let result = ReplayResult {
             services,
             events: self.plugin.client.take_events(),
             pools,
             rejected_pools,
             cilium_pools,
-        }
-    }
-
-    /// The LoadBalancer Services whose class is not `lb_class` (an empty
-    /// class being none, as the controller reads it).
-    fn other_class(&self, lb_class: Option<&str>) -> BTreeSet<String> {
-        let ours = lb_class.filter(|class| !class.is_empty());
-        let mut other = BTreeSet::new();
-        self.plugin.store.for_each_service(|key, service| {
-            let class = service
-                .spec
-                .as_ref()
-                .and_then(|spec| spec.load_balancer_class.as_deref())
-                .filter(|class| !class.is_empty());
-            if is_load_balancer(service) && class != ours {
-                other.insert(key.to_owned());
-            }
-        });
-        other
+        };
+        (result, other_class)
     }
 
     /// Stops the worker, then frees everything as `teardown` says; fails if
