@@ -367,6 +367,38 @@ fn run(services: usize, rate: usize) -> Figures {
     host.expect("READY", Duration::from_secs(60));
     let (idle, _) = host.expect("IDLE", Duration::from_secs(60));
     let base_rss_kb: f64 = idle.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (mut latencies, create_s) = create_and_time(&stub, services, rate);
+    latencies.sort_by(f64::total_cmp);
+    wait_for_pool_status(&stub, services);
+    let load = host.stop();
+    eprintln!("load done: {} requests so far", stub.last_seq());
+
+    let restart = restart(&stub, &url);
+    std::io::stderr().flush().unwrap();
+    drop(stub);
+    drop(runtime);
+
+    Figures {
+        services,
+        rate,
+        create_s,
+        p50_ms: percentile(&latencies, 50.0),
+        p90_ms: percentile(&latencies, 90.0),
+        p99_ms: percentile(&latencies, 99.0),
+        max_ms: latencies.last().copied().unwrap_or(0.0),
+        load,
+        restart: restart.usage,
+        rss_per_service_b: (restart.full_rss_kb - base_rss_kb) * 1024.0 / services as f64,
+        restart_ready_s: restart.ready_s,
+        restart_idle_s: restart.idle_s,
+        restart_writes: restart.writes,
+    }
+}
+
+/// Creates `services` Services at `rate` per second while reading the
+/// host's requests; each Service's latency from its create to its status
+/// patch (ms, in creation order), and how long the creates took (s).
+fn create_and_time(stub: &ApiServerStub, services: usize, rate: usize) -> (Vec<f64>, f64) {
     let mut cursor = stub.last_seq();
     let mut patched: HashMap<String, Instant> = HashMap::with_capacity(services);
     let interval = Duration::from_secs_f64(1.0 / rate as f64);
@@ -406,14 +438,17 @@ fn run(services: usize, rate: usize) -> Figures {
         }
         creator.join().unwrap()
     });
-    let mut latencies: Vec<f64> = (0..services)
+    let latencies = (0..services)
         .map(|index| {
             let at = patched[&format!("svc-{index:05}")];
             at.saturating_duration_since(created[index]).as_secs_f64() * 1000.0
         })
         .collect();
-    latencies.sort_by(f64::total_cmp);
-    // The last pool status write, so the restart has none to make.
+    (latencies, create_s)
+}
+
+/// Waits for the last pool status write, so the restart has none to make.
+fn wait_for_pool_status(stub: &ApiServerStub, services: usize) {
     let assigned = i64::try_from(services).unwrap();
     let settle = Instant::now() + Duration::from_secs(60);
     while stub
@@ -426,17 +461,26 @@ fn run(services: usize, rate: usize) -> Figures {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let load = host.stop();
-    eprintln!("load done: {} requests so far", stub.last_seq());
+}
 
-    // Phase 2: restart on the Services with their addresses.
+/// What a restart on the Services with their addresses took.
+struct Restart {
+    usage: Usage,
+    ready_s: f64,
+    idle_s: f64,
+    full_rss_kb: f64,
+    writes: usize,
+}
+
+/// Phase 2: a new host on the Services with their addresses.
+fn restart(stub: &ApiServerStub, url: &str) -> Restart {
     let mark = stub.last_seq();
-    let host = HostProcess::spawn(&url);
+    let host = HostProcess::spawn(url);
     let (_, ready) = host.expect("READY", Duration::from_secs(120));
     let (idle, idle_at) = host.expect("IDLE", Duration::from_secs(120));
     let full_rss_kb: f64 = idle.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let restart_ready_s = ready.duration_since(host.started).as_secs_f64();
-    let restart_idle_s = idle_at.duration_since(host.started).as_secs_f64();
+    let ready_s = ready.duration_since(host.started).as_secs_f64();
+    let idle_s = idle_at.duration_since(host.started).as_secs_f64();
     // A bounded look for late writes: a pool status flush comes within a
     // second of the sync passes.
     std::thread::sleep(Duration::from_secs(3));
@@ -452,24 +496,11 @@ fn run(services: usize, rate: usize) -> Figures {
             &writes[..writes.len().min(10)]
         );
     }
-    let restart = host.stop();
-    std::io::stderr().flush().unwrap();
-    drop(stub);
-    drop(runtime);
-
-    Figures {
-        services,
-        rate,
-        create_s,
-        p50_ms: percentile(&latencies, 50.0),
-        p90_ms: percentile(&latencies, 90.0),
-        p99_ms: percentile(&latencies, 99.0),
-        max_ms: latencies.last().copied().unwrap_or(0.0),
-        load,
-        restart,
-        rss_per_service_b: (full_rss_kb - base_rss_kb) * 1024.0 / services as f64,
-        restart_ready_s,
-        restart_idle_s,
-        restart_writes: writes.len(),
+    Restart {
+        usage: host.stop(),
+        ready_s,
+        idle_s,
+        full_rss_kb,
+        writes: writes.len(),
     }
 }

@@ -216,65 +216,9 @@ impl Host {
     pub fn start(client: kube::Client, config: HostConfig) -> Self {
         let cancel = CancellationToken::new();
         let synced = SyncTracker::new(&KINDS);
-        let (services, service_writer) = reflector::store::<Service>();
-        let (pools, pool_writer) = reflector::store::<IPAddressPoolResource>();
-        let (namespaces, namespace_writer) = reflector::store::<Namespace>();
-        let (cilium_pools, cilium_writer) = reflector::store::<CiliumPoolResource>();
-        let store = KubeStore::new(services, pools, namespaces).with_cilium_pools(cilium_pools);
-
         let current = Arc::new(CurrentManager::default());
-        let mut service_chain = Chain::<Service>::new();
-        service_chain.register("manager", Arc::clone(&current) as Arc<dyn Handler<_>>);
-        let mut pool_chain = Chain::<IPAddressPool>::new();
-        pool_chain.register("manager", Arc::clone(&current) as Arc<dyn Handler<_>>);
-        let mut namespace_chain = Chain::<Namespace>::new();
-        namespace_chain.register("manager", Arc::clone(&current) as Arc<dyn Handler<_>>);
-        let mut cilium_chain = Chain::<CiliumLoadBalancerIPPool>::new();
-        cilium_chain.register("manager", Arc::clone(&current) as Arc<dyn Handler<_>>);
-
-        let mut tasks = Vec::new();
-        let wc = config.watcher.clone();
-        tasks.push(spawn_watch(
-            Driver::new("Service", service_writer).notifying(store.service_changes()),
-            watcher(Api::<Service>::all(client.clone()), wc.clone()).modify(lean::service),
-            service_chain,
-            synced.clone(),
-            config.watch_backoff.clone(),
-            cancel.clone(),
-        ));
-        tasks.push(spawn_watch(
-            Driver::new("IPAddressPool", pool_writer),
-            watcher(
-                Api::<IPAddressPoolResource>::all(client.clone()),
-                wc.clone(),
-            )
-            .modify(lean::pool),
-            Converting::new(pool_chain, to_subscriber),
-            synced.clone(),
-            config.watch_backoff.clone(),
-            cancel.clone(),
-        ));
-        tasks.push(spawn_watch(
-            Driver::new("Namespace", namespace_writer),
-            watcher(Api::<Namespace>::all(client.clone()), wc.clone()).modify(lean::namespace),
-            namespace_chain,
-            synced.clone(),
-            config.watch_backoff.clone(),
-            cancel.clone(),
-        ));
-        // Watched once discovery finds the CRD (maybe never, maybe later).
-        let (served, cilium_version) = watch::channel(None);
-        let cilium_watch = CiliumWatch {
-            client: client.clone(),
-            writer: cilium_writer,
-            sink: Converting::new(cilium_chain, cilium::to_subscriber),
-            synced: synced.clone(),
-            watcher: wc,
-            backoff: config.watch_backoff.clone(),
-            period: config.cilium_discovery_period,
-            served,
-        };
-        tasks.push(tokio::spawn(cilium_watch.run(cancel.clone())));
+        let (store, cilium_version, mut tasks) =
+            spawn_watches(&client, &config, &synced, &current, &cancel);
 
         let metrics = Metrics::new(synced.clone());
         metrics.count_services(store.clone(), config.lb_class.clone());
@@ -360,6 +304,81 @@ impl Host {
             }
         }
     }
+}
+
+/// The chain of one kind with the manager registered on it.
+fn manager_chain<K: Send + Sync + 'static>(current: &Arc<CurrentManager>) -> Chain<K>
+where
+    CurrentManager: Handler<K>,
+{
+    let mut chain = Chain::<K>::new();
+    chain.register("manager", Arc::clone(current) as Arc<dyn Handler<K>>);
+    chain
+}
+
+/// The shared cache and the watchers that fill it, each kind through its
+/// [`Driver`] into the manager's chain of that kind; the Cilium pools once
+/// discovery finds them served (their version shared on the receiver).
+fn spawn_watches(
+    client: &kube::Client,
+    config: &HostConfig,
+    synced: &SyncTracker,
+    current: &Arc<CurrentManager>,
+    cancel: &CancellationToken,
+) -> (KubeStore, ServedVersion, Vec<JoinHandle<()>>) {
+    let (services, service_writer) = reflector::store::<Service>();
+    let (pools, pool_writer) = reflector::store::<IPAddressPoolResource>();
+    let (namespaces, namespace_writer) = reflector::store::<Namespace>();
+    let (cilium_pools, cilium_writer) = reflector::store::<CiliumPoolResource>();
+    let store = KubeStore::new(services, pools, namespaces).with_cilium_pools(cilium_pools);
+
+    let mut tasks = Vec::new();
+    let wc = config.watcher.clone();
+    tasks.push(spawn_watch(
+        Driver::new("Service", service_writer).notifying(store.service_changes()),
+        watcher(Api::<Service>::all(client.clone()), wc.clone()).modify(lean::service),
+        manager_chain::<Service>(current),
+        synced.clone(),
+        config.watch_backoff.clone(),
+        cancel.clone(),
+    ));
+    tasks.push(spawn_watch(
+        Driver::new("IPAddressPool", pool_writer),
+        watcher(
+            Api::<IPAddressPoolResource>::all(client.clone()),
+            wc.clone(),
+        )
+        .modify(lean::pool),
+        Converting::new(manager_chain::<IPAddressPool>(current), to_subscriber),
+        synced.clone(),
+        config.watch_backoff.clone(),
+        cancel.clone(),
+    ));
+    tasks.push(spawn_watch(
+        Driver::new("Namespace", namespace_writer),
+        watcher(Api::<Namespace>::all(client.clone()), wc.clone()).modify(lean::namespace),
+        manager_chain::<Namespace>(current),
+        synced.clone(),
+        config.watch_backoff.clone(),
+        cancel.clone(),
+    ));
+    // Watched once discovery finds the CRD (maybe never, maybe later).
+    let (served, cilium_version) = watch::channel(None);
+    let cilium_watch = CiliumWatch {
+        client: client.clone(),
+        writer: cilium_writer,
+        sink: Converting::new(
+            manager_chain::<CiliumLoadBalancerIPPool>(current),
+            cilium::to_subscriber,
+        ),
+        synced: synced.clone(),
+        watcher: wc,
+        backoff: config.watch_backoff.clone(),
+        period: config.cilium_discovery_period,
+        served,
+    };
+    tasks.push(tokio::spawn(cilium_watch.run(cancel.clone())));
+    (store, cilium_version, tasks)
 }
 
 fn spawn_watch<K, St, S>(

@@ -28,7 +28,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use allocator::{FamilyStats, PoolKind, PoolStats};
+use allocator::{FamilyStats, PoolKind, PoolStats, RejectedPool};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::Resource;
@@ -364,7 +364,6 @@ impl PoolStatusWriter {
         let now = k8s_openapi::jiff::Timestamp::now()
             .strftime("%Y-%m-%dT%H:%M:%SZ")
             .to_string();
-        let mut wanted: Vec<(String, IPAddressPoolStatus, Option<String>)> = Vec::new();
         let (cilium_stats, metallb_stats): (Vec<PoolStats>, Vec<PoolStats>) = controller
             .pool_stats()
             .into_iter()
@@ -373,35 +372,7 @@ impl PoolStatusWriter {
             .rejected_pools()
             .into_iter()
             .partition(|pool| pool.kind == PoolKind::CiliumLoadBalancerIPPool);
-        for stats in metallb_stats {
-            let shown = self.store.pool_resource(&stats.name);
-            let mut status = IPAddressPoolStatus::from_stats(&stats);
-            let condition = accepted_condition(
-                true,
-                reason::ACCEPTED,
-                ACCEPTED_MESSAGE,
-                self.previous(shown.as_deref()),
-                &now,
-            );
-            status.conditions = Some(vec![condition]);
-            wanted.push((stats.name, status, None));
-        }
-        for rejected in metallb_rejected {
-            let shown = self.store.pool_resource(&rejected.name);
-            let (condition_reason, _) = rejection_reasons(&rejected.reason);
-            let condition = accepted_condition(
-                false,
-                condition_reason,
-                &rejected.reason,
-                self.previous(shown.as_deref()),
-                &now,
-            );
-            let status = IPAddressPoolStatus {
-                conditions: Some(vec![condition]),
-                ..IPAddressPoolStatus::default()
-            };
-            wanted.push((rejected.name, status, Some(rejected.reason)));
-        }
+        let wanted = self.metallb_statuses(metallb_stats, metallb_rejected, &now);
         if let Some(config_state) = self.config_state.as_mut() {
             config_state.update(controller).await;
         }
@@ -447,6 +418,47 @@ impl PoolStatusWriter {
             + self
                 .update_cilium(cilium_stats, cilium_rejected, &now)
                 .await
+    }
+
+    /// The status each MetalLB pool should show, and the rejection of each
+    /// rejected one.
+    fn metallb_statuses(
+        &self,
+        stats: Vec<PoolStats>,
+        rejected: Vec<RejectedPool>,
+        now: &str,
+    ) -> Vec<(String, IPAddressPoolStatus, Option<String>)> {
+        let mut wanted = Vec::new();
+        for stats in stats {
+            let shown = self.store.pool_resource(&stats.name);
+            let mut status = IPAddressPoolStatus::from_stats(&stats);
+            let condition = accepted_condition(
+                true,
+                reason::ACCEPTED,
+                ACCEPTED_MESSAGE,
+                self.previous(shown.as_deref()),
+                now,
+            );
+            status.conditions = Some(vec![condition]);
+            wanted.push((stats.name, status, None));
+        }
+        for rejected in rejected {
+            let shown = self.store.pool_resource(&rejected.name);
+            let (condition_reason, _) = rejection_reasons(&rejected.reason);
+            let condition = accepted_condition(
+                false,
+                condition_reason,
+                &rejected.reason,
+                self.previous(shown.as_deref()),
+                now,
+            );
+            let status = IPAddressPoolStatus {
+                conditions: Some(vec![condition]),
+                ..IPAddressPoolStatus::default()
+            };
+            wanted.push((rejected.name, status, Some(rejected.reason)));
+        }
+        wanted
     }
 
     /// [`update`](Self::update) for Cilium pools: the four conditions of

@@ -233,49 +233,7 @@ where
                 self.writer.apply_watcher_event(&event);
                 Handled::Buffered
             }
-            watcher::Event::InitDone => {
-                let before: HashMap<ObjectRef<K>, Arc<K>> = self
-                    .reader
-                    .state()
-                    .into_iter()
-                    .map(|object| (ObjectRef::from_obj(object.as_ref()), object))
-                    .collect();
-                self.writer.apply_watcher_event(&watcher::Event::InitDone);
-                self.bump();
-                let mut before = before;
-                // The store now holds exactly the listed objects.
-                let mut listed = self.reader.state();
-                // Oldest first (the key breaking ties), as a controller that
-                // had watched all along would have seen them, whatever order
-                // the list came in; a new leader's first-seen order is the
-                // same (see `host`).
-                listed.sort_by_cached_key(|object| creation_order(object.as_ref()));
-                let (count, gone) = (listed.len(), before.len());
-                for object in listed {
-                    let result = match before.remove(&ObjectRef::from_obj(object.as_ref())) {
-                        Some(old) => sink.on_update(&old, &object).await,
-                        None => sink.on_add(&object).await,
-                    };
-                    self.report(result, "list", &object);
-                }
-                let mut removed: Vec<Arc<K>> = before.into_values().collect();
-                removed.sort_by_key(|object| ObjectRef::from_obj(object.as_ref()).to_string());
-                for object in &removed {
-                    let result = sink.on_delete(object).await;
-                    self.report(result, "delete (not in list)", object);
-                }
-                let first = !self.listed;
-                self.listed = true;
-                tracing::info!(
-                    kind = self.kind,
-                    objects = count,
-                    deleted = removed.len(),
-                    known_before = gone,
-                    first,
-                    "list complete"
-                );
-                Handled::Listed { first }
-            }
+            watcher::Event::InitDone => self.listed(sink).await,
             watcher::Event::Apply(object) => {
                 let old = self.reader.get(&ObjectRef::from_obj(&object));
                 self.writer
@@ -297,6 +255,52 @@ where
                 Handled::Delivered
             }
         }
+    }
+
+    /// `InitDone`: the store swaps to the listed objects, then each is
+    /// delivered (oldest first) as an update or an add, and each object the
+    /// list lacks as a delete.
+    async fn listed<S: Handler<K> + ?Sized>(&mut self, sink: &S) -> Handled {
+        let mut before: HashMap<ObjectRef<K>, Arc<K>> = self
+            .reader
+            .state()
+            .into_iter()
+            .map(|object| (ObjectRef::from_obj(object.as_ref()), object))
+            .collect();
+        self.writer.apply_watcher_event(&watcher::Event::InitDone);
+        self.bump();
+        // The store now holds exactly the listed objects.
+        let mut listed = self.reader.state();
+        // Oldest first (the key breaking ties), as a controller that
+        // had watched all along would have seen them, whatever order
+        // the list came in; a new leader's first-seen order is the
+        // same (see `host`).
+        listed.sort_by_cached_key(|object| creation_order(object.as_ref()));
+        let (count, gone) = (listed.len(), before.len());
+        for object in listed {
+            let result = match before.remove(&ObjectRef::from_obj(object.as_ref())) {
+                Some(old) => sink.on_update(&old, &object).await,
+                None => sink.on_add(&object).await,
+            };
+            self.report(result, "list", &object);
+        }
+        let mut removed: Vec<Arc<K>> = before.into_values().collect();
+        removed.sort_by_key(|object| ObjectRef::from_obj(object.as_ref()).to_string());
+        for object in &removed {
+            let result = sink.on_delete(object).await;
+            self.report(result, "delete (not in list)", object);
+        }
+        let first = !self.listed;
+        self.listed = true;
+        tracing::info!(
+            kind = self.kind,
+            objects = count,
+            deleted = removed.len(),
+            known_before = gone,
+            first,
+            "list complete"
+        );
+        Handled::Listed { first }
     }
 
     fn report(&self, result: Result<(), subscriber::Error>, what: &str, object: &K) {
