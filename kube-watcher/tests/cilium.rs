@@ -447,10 +447,10 @@ async fn the_sync_waits_for_the_cilium_pools_when_served() {
     })
     .await;
     assert!(!host.synced().is_synced());
-    // 300 ms of virtual time: lease renewals, no decision.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(stub.requests().iter().all(|r| !r.is_object_write()));
-
+    // No decision before the Cilium pools' list: checked once the host has
+    // settled after it (no write before the list was let through, and no
+    // status write moving web off its address).
+    let mark = stub.last_seq();
     stub.release(Kind::CiliumPool);
     stub.wait_until("blue counts web's address", |stub| {
         condition(stub, "blue", "cilium.io/IPsUsed").is_some_and(|c| c["message"] == "1")
@@ -461,6 +461,19 @@ async fn the_sync_waits_for_the_cilium_pools_when_served() {
     assert_eq!(
         ingress(&stub.get(Kind::Service, "ns", "web").unwrap()),
         ["10.1.0.5"]
+    );
+    let writes: Vec<_> = stub
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_object_write())
+        .collect();
+    assert!(writes.iter().all(|w| w.seq > mark), "{writes:?}");
+    assert!(
+        writes
+            .iter()
+            .filter_map(|w| w.body["status"].get("loadBalancer"))
+            .all(|lb| lb["ingress"] == json!([{"ip": "10.1.0.5"}])),
+        "{writes:?}"
     );
     host.shutdown().await;
 }
