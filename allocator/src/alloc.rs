@@ -36,10 +36,33 @@ pub use explain::{Explanation, PoolVerdict, Step, Verdict};
 /// Addresses and pool of one Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holding {
+    /// The pool of its first address (the IPv4 one, if any).
     pub pool: String,
     /// IPv4 first.
     pub ips: Vec<IpAddr>,
+    /// The pool of its IPv6 address when that is not `pool`: only when
+    /// both lie in `CiliumLoadBalancerIPPool`s, which Cilium fills per
+    /// family (docs/cilium.md §3.5, §4.3 item 4).
+    pub other_pool: Option<String>,
 }
+
+impl Holding {
+    /// The pool that `ip` (one of its addresses) lies in.
+    pub fn pool_of(&self, ip: IpAddr) -> &str {
+        match &self.other_pool {
+            Some(other) if ip.is_ipv6() => other,
+            _ => &self.pool,
+        }
+    }
+}
+
+/// The pools of a holding: that of its first address (IPv4 first), and
+/// that of its IPv6 address when it differs (both Cilium pools).
+type Pools = (Arc<str>, Option<Arc<str>>);
+
+/// What a keep keeps: the pools, the addresses, and the address let go
+/// with its reason (a pair held per address).
+type Kept = (Pools, Vec<IpAddr>, Option<(IpAddr, AllocError)>);
 
 /// Usable and assigned addresses of one family in one pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -384,6 +407,8 @@ impl PoolState {
 #[derive(Debug)]
 struct Held {
     pool: Arc<str>,
+    /// The IPv6 address's pool when it is not `pool` (two Cilium pools).
+    pool6: Option<Arc<str>>,
     /// IPv4 first.
     ips: Box<[IpAddr]>,
     /// `None` without a sharing key (ports matter only to Services that
@@ -414,6 +439,22 @@ fn admits_of(namespaces: SharingNamespaces<'_>) -> Option<Arc<[Box<str>]>> {
 }
 
 impl Held {
+    /// The pool that `ip` (one of its addresses) lies in.
+    fn pool_of(&self, ip: IpAddr) -> &Arc<str> {
+        match &self.pool6 {
+            Some(other) if ip.is_ipv6() => other,
+            _ => &self.pool,
+        }
+    }
+
+    fn holding(&self) -> Holding {
+        Holding {
+            pool: self.pool.to_string(),
+            ips: self.ips.to_vec(),
+            other_pool: self.pool6.as_deref().map(str::to_owned),
+        }
+    }
+
     fn group(&self) -> Option<&str> {
         self.sharing.as_deref().map(|s| &*s.group)
     }
@@ -980,13 +1021,21 @@ impl Allocator {
                 }
             }
         }
+        let gone_names: BTreeSet<&str> = gone.iter().map(|state| &*state.name).collect();
         let mut services = Vec::with_capacity(keys.len());
         for key in &keys {
             if let Some(entry) = self.services.remove_entry(key) {
-                // All holders of an address are in its one pool: they all
-                // move, and the entry goes.
-                for ip in entry.1.ips.iter() {
-                    self.addresses.remove(ip);
+                for &ip in entry.1.ips.iter() {
+                    if gone_names.contains(&**entry.1.pool_of(ip)) {
+                        // All holders of an address are in its one pool:
+                        // they all move, and the entry goes.
+                        self.addresses.remove(&ip);
+                    } else {
+                        // The other family of a pair in two Cilium pools,
+                        // in a pool that stays: released there properly
+                        // (others may share it), taken again below.
+                        self.release_ip(&entry.0, &entry.1, ip);
+                    }
                 }
                 services.push(entry);
             }
@@ -994,19 +1043,70 @@ impl Allocator {
         // In key order, so holders are listed the same way in every run.
         let mut released = Vec::new();
         for (key, mut held) in services {
-            match self.pool_of_all(&held.ips) {
-                Ok(pool) => {
+            match self.pools_of(&held.ips) {
+                Ok((pool, pool6)) => {
                     held.pool = pool;
+                    held.pool6 = pool6;
                     self.insert_held(key, held);
                 }
-                Err(error) => released.push(Released {
-                    key: key.to_string(),
-                    ips: held.ips.into_vec(),
-                    reason: error.to_string(),
-                }),
+                Err(error) => match self.survivor(&held.ips) {
+                    // Held per address (Cilium, docs/cilium.md §3.5): only
+                    // the family whose pool went loses its address.
+                    Some((ip, pool)) => {
+                        released.push(Released {
+                            key: key.to_string(),
+                            ips: held.ips.iter().copied().filter(|i| *i != ip).collect(),
+                            reason: error.to_string(),
+                        });
+                        held.pool = pool;
+                        held.pool6 = None;
+                        held.ips = Box::new([ip]);
+                        self.insert_held(key, held);
+                    }
+                    None => released.push(Released {
+                        key: key.to_string(),
+                        ips: held.ips.into_vec(),
+                        reason: error.to_string(),
+                    }),
+                },
             }
         }
         released
+    }
+
+    /// Of a pair of addresses that may not stay together, the one kept
+    /// alone when the pair is held per address: no address of the pair
+    /// lies in an `IPAddressPool` (those keep MetalLB's rule, both or
+    /// neither) and this one lies in an accepted Cilium pool that allows
+    /// it. IPv4 first.
+    fn survivor(&self, ips: &[IpAddr]) -> Option<(IpAddr, Arc<str>)> {
+        let [a, b] = *ips else {
+            return None;
+        };
+        if a.is_ipv6() == b.is_ipv6()
+            || ips
+                .iter()
+                .any(|ip| self.kind_at(*ip) == Some(PoolKind::IPAddressPool))
+        {
+            return None;
+        }
+        ips.iter().find_map(|&ip| {
+            let state = self.locate(ip).ok()?;
+            (state.pool.kind == PoolKind::CiliumLoadBalancerIPPool)
+                .then(|| (ip, Arc::clone(&state.name)))
+        })
+    }
+
+    /// The kind of the accepted pool whose range contains `ip`, usable or
+    /// not.
+    fn kind_at(&self, ip: IpAddr) -> Option<PoolKind> {
+        let (family, value) = to_int(ip);
+        let (_, (_, name)) = self
+            .index
+            .range(..=(family, value))
+            .next_back()
+            .filter(|((f, _), (last, _))| *f == family && *last >= value)?;
+        self.pools.get(name).map(|state| state.pool.kind)
     }
 
     /// The accepted pool that contains `ip` and allows it.
@@ -1035,6 +1135,33 @@ impl Allocator {
             });
         }
         Ok(state)
+    }
+
+    /// The pools that allow the addresses of `ips`: one pool for all, or
+    /// (a pair of one address per family, each in a Cilium pool) one per
+    /// family, as Cilium keeps each family on its own (docs/cilium.md §3.5).
+    fn pools_of(&self, ips: &[IpAddr]) -> Result<Pools, AllocError> {
+        match self.pool_of_all(ips) {
+            Ok(pool) => Ok((pool, None)),
+            Err(error @ AllocError::DifferentPools { .. }) => {
+                let [a, b] = *ips else {
+                    return Err(error);
+                };
+                let (v4, v6) = match (a.is_ipv6(), b.is_ipv6()) {
+                    (false, true) => (a, b),
+                    (true, false) => (b, a),
+                    _ => return Err(error),
+                };
+                let (first, second) = (self.locate(v4)?, self.locate(v6)?);
+                let cilium = PoolKind::CiliumLoadBalancerIPPool;
+                if first.pool.kind == cilium && second.pool.kind == cilium {
+                    Ok((Arc::clone(&first.name), Some(Arc::clone(&second.name))))
+                } else {
+                    Err(error)
+                }
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// The one pool that allows every address of `ips`.
@@ -1067,10 +1194,7 @@ impl Allocator {
 
     /// What the Service `key` holds.
     pub fn holding(&self, key: &str) -> Option<Holding> {
-        self.services.get(key).map(|held| Holding {
-            pool: held.pool.to_string(),
-            ips: held.ips.to_vec(),
-        })
+        self.services.get(key).map(Held::holding)
     }
 
     /// What the Service `key` holds, borrowed: its pool and addresses (IPv4
@@ -1084,15 +1208,7 @@ impl Allocator {
         let mut all: Vec<(String, Holding)> = self
             .services
             .iter()
-            .map(|(key, held)| {
-                (
-                    key.to_string(),
-                    Holding {
-                        pool: held.pool.to_string(),
-                        ips: held.ips.to_vec(),
-                    },
-                )
-            })
+            .map(|(key, held)| (key.to_string(), held.holding()))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
@@ -1155,16 +1271,26 @@ impl Allocator {
     pub fn release(&mut self, key: &str) -> Option<Holding> {
         let (key, held) = self.services.remove_entry(key)?;
         for &ip in held.ips.iter() {
+            self.release_ip(&key, &held, ip);
+        }
+        Some(held.holding())
+    }
+
+    /// Takes `key` (whose holding was `held`) off `ip`, freeing it when no
+    /// one else holds it.
+    fn release_ip(&mut self, key: &Arc<str>, held: &Held, ip: IpAddr) {
+        {
             let Some(holders) = self.addresses.get_mut(&ip) else {
-                continue;
+                return;
             };
-            let still_held = holders.remove(&key, held.ports(), held.tenancy());
+            let still_held = holders.remove(key, held.ports(), held.tenancy());
             let (family, value) = to_int(ip);
-            let Some(state) = self.pools.get_mut(&held.pool) else {
+            let pool = held.pool_of(ip);
+            let Some(state) = self.pools.get_mut(pool) else {
                 if !still_held {
                     self.addresses.remove(&ip);
                 }
-                continue;
+                return;
             };
             let family_state = state.family_mut(family);
             let rank = family_state.rank(value);
@@ -1186,17 +1312,13 @@ impl Allocator {
             if !still_held {
                 self.addresses.remove(&ip);
                 if family_state.free(value) {
-                    self.update_open(&held.pool, family);
+                    self.update_open(pool, family);
                 }
             }
             if let Some(group) = group_gone {
-                self.update_group(&held.pool, family, &group);
+                self.update_group(pool, family, &group);
             }
         }
-        Some(Holding {
-            pool: held.pool.to_string(),
-            ips: held.ips.into_vec(),
-        })
     }
 
     fn insert_held(&mut self, key: Arc<str>, held: Held) {
@@ -1219,7 +1341,8 @@ impl Allocator {
                     true
                 }
             };
-            let Some(state) = self.pools.get_mut(&held.pool) else {
+            let pool_name = held.pool_of(ip);
+            let Some(state) = self.pools.get_mut(pool_name) else {
                 continue;
             };
             let pool = &state.pool;
@@ -1246,22 +1369,24 @@ impl Allocator {
                 }
             }
             if ran_out {
-                self.update_open(&held.pool, family);
+                self.update_open(pool_name, family);
             }
             if let Some(group) = group_new {
-                self.update_group(&held.pool, family, &group);
+                self.update_group(pool_name, family, &group);
             }
         }
         self.services.insert(key, held);
     }
 
-    fn hold(&mut self, request: &Request<'_>, pool: Arc<str>, mut ips: Vec<IpAddr>) -> Holding {
+    fn hold(&mut self, request: &Request<'_>, pools: Pools, mut ips: Vec<IpAddr>) -> Holding {
         ips.sort_by_key(|ip| ip.is_ipv6());
+        let (pool, pool6) = pools;
         let group = group_of_request(request);
         let ports: &[Port] = if group.is_some() { request.ports } else { &[] };
         let holding = Holding {
             pool: pool.to_string(),
             ips: ips.clone(),
+            other_pool: pool6.as_deref().map(str::to_owned),
         };
         // Keeping what is held already (every reconciliation of a settled
         // Service) changes nothing.
@@ -1271,6 +1396,7 @@ impl Allocator {
                     && s.tenancy.1 == admits_of(request.sharing_namespaces)
             });
             if held.pool == pool
+                && held.pool6 == pool6
                 && *held.ips == *ips
                 && held.group() == group.as_deref()
                 && held.ports() == ports
@@ -1282,6 +1408,7 @@ impl Allocator {
         self.release(request.key);
         let held = Held {
             pool,
+            pool6,
             ips: ips.into_boxed_slice(),
             sharing: group.map(|group| {
                 Box::new(Sharing {
@@ -1434,16 +1561,27 @@ impl Allocator {
     /// Checks `ips` against every rule for `request`: families, one pool
     /// that serves it (autoAssign aside) and allows them, sharing, and the
     /// requested addresses and pool. `partial` accepts one address of a
-    /// PreferDualStack Service (a held or requested address). `new`: the
-    /// addresses are asked for, not held, so a disabled pool refuses them.
+    /// PreferDualStack Service (a held or requested address), and of a
+    /// RequireDualStack one when it lies in a Cilium pool (held per
+    /// family, docs/cilium.md §3.5). `new`: the addresses are asked for,
+    /// not held, so a disabled pool refuses them. Two addresses in two
+    /// Cilium pools are checked each against its own pool.
     fn check(
         &self,
         request: &Request<'_>,
         ips: &[IpAddr],
         partial: bool,
         new: bool,
-    ) -> Result<Arc<str>, AllocError> {
-        if !request.families.accepts(ips, partial) {
+    ) -> Result<Pools, AllocError> {
+        let half_cilium = || {
+            partial
+                && request.families == FamilyPolicy::RequireDual
+                && ips.len() == 1
+                && ips
+                    .iter()
+                    .all(|ip| self.kind_at(*ip) == Some(PoolKind::CiliumLoadBalancerIPPool))
+        };
+        if !request.families.accepts(ips, partial) && !half_cilium() {
             return Err(AllocError::WrongFamily {
                 ips: ips.to_vec(),
                 policy: request.families,
@@ -1459,19 +1597,48 @@ impl Allocator {
                 });
             }
         }
-        let pool = self.pool_of_all(ips)?;
-        let state = self.pools.get(&pool);
+        let pools = self.pools_of(ips)?;
+        let (first, second) = &pools;
+        let v6 = ips.iter().copied().find(IpAddr::is_ipv6);
+        let mut each = vec![(first, ips.first().copied())];
+        if let Some(second) = second {
+            each = vec![
+                (first, ips.iter().copied().find(IpAddr::is_ipv4)),
+                (second, v6),
+            ];
+        }
+        for (pool, ip) in each {
+            self.check_pool_for(request, pool, ip, new)?;
+        }
+        let group = group_of_request(request);
+        for &ip in ips {
+            self.fits(ip, request, group.as_deref())
+                .map_err(|conflict| AllocError::Taken { ip, conflict })?;
+        }
+        Ok(pools)
+    }
+
+    /// The pool rules of [`Allocator::check`] for the pool `pool` that
+    /// holds `ip`: the requested pool, serving the Service, not disabled
+    /// for new addresses.
+    fn check_pool_for(
+        &self,
+        request: &Request<'_>,
+        pool: &Arc<str>,
+        ip: Option<IpAddr>,
+        new: bool,
+    ) -> Result<(), AllocError> {
+        let state = self.pools.get(pool);
         if let Some(requested) = request.pool {
-            if *pool == *requested && state.is_some_and(|s| s.pool.kind != PoolKind::IPAddressPool)
+            if **pool == *requested && state.is_some_and(|s| s.pool.kind != PoolKind::IPAddressPool)
             {
                 return Err(AllocError::CiliumPoolNamed {
                     pool: requested.to_owned(),
                 });
             }
-            if *pool != *requested {
-                let ip = ips.first().copied().unwrap_or(IpAddr::from([0, 0, 0, 0]));
+            if **pool != *requested {
                 return Err(AllocError::NotInRequestedPool {
-                    ip,
+                    ip: ip.unwrap_or(IpAddr::from([0, 0, 0, 0])),
                     pool: pool.to_string(),
                     requested: requested.to_owned(),
                 });
@@ -1488,33 +1655,77 @@ impl Allocator {
                 pool: pool.to_string(),
             });
         }
-        let group = group_of_request(request);
-        for &ip in ips {
-            self.fits(ip, request, group.as_deref())
-                .map_err(|conflict| AllocError::Taken { ip, conflict })?;
-        }
-        Ok(pool)
+        Ok(())
     }
 
     /// Keeps `ips` (a Service's status addresses) for `request` if they are
     /// still allowed (§4.4 step 1): the Service then holds exactly them.
     /// Otherwise nothing changes and the error says why.
+    ///
+    /// A dual-stack pair held per address (no address of it in an
+    /// `IPAddressPool`, nothing requested) keeps the address that is
+    /// allowed when the other is not, as Cilium keeps each family on its
+    /// own (docs/cilium.md §3.5, §3.7): see [`Allocator::keep_part`].
     pub fn keep(&mut self, request: &Request<'_>, ips: &[IpAddr]) -> Result<Holding, AllocError> {
-        let pool = self.check(request, ips, true, false)?;
-        Ok(self.hold(request, pool, ips.to_vec()))
+        self.keep_part(request, ips).map(|(holding, _)| holding)
+    }
+
+    /// [`Allocator::keep`], saying which address was let go and why when
+    /// only part of `ips` is kept.
+    pub fn keep_part(
+        &mut self,
+        request: &Request<'_>,
+        ips: &[IpAddr],
+    ) -> Result<(Holding, Option<(IpAddr, AllocError)>), AllocError> {
+        let (pools, kept, dropped) = self.check_keep(request, ips)?;
+        Ok((self.hold(request, pools, kept), dropped))
     }
 
     /// Whether `keep` would succeed, without changing anything.
     pub fn can_keep(&self, request: &Request<'_>, ips: &[IpAddr]) -> Result<(), AllocError> {
-        self.check(request, ips, true, false).map(|_| ())
+        self.check_keep(request, ips).map(|_| ())
+    }
+
+    /// What [`Allocator::keep_part`] keeps: the pools, the addresses, and
+    /// the address let go with its reason.
+    fn check_keep(&self, request: &Request<'_>, ips: &[IpAddr]) -> Result<Kept, AllocError> {
+        let error = match self.check(request, ips, true, false) {
+            Ok(pools) => return Ok((pools, ips.to_vec(), None)),
+            Err(error) => error,
+        };
+        let dual = matches!(
+            request.families,
+            FamilyPolicy::RequireDual | FamilyPolicy::PreferDual { .. }
+        );
+        if !dual || !request.addresses.is_empty() || self.survivor(ips).is_none() {
+            return Err(error);
+        }
+        // Per address: the first (IPv4 first) that is allowed alone stays.
+        let mut sorted = ips.to_vec();
+        sorted.sort_by_key(IpAddr::is_ipv6);
+        for &ip in &sorted {
+            let Ok(pools) = self.check(request, &[ip], true, false) else {
+                continue;
+            };
+            let Some(&other) = sorted.iter().find(|o| **o != ip) else {
+                continue;
+            };
+            let why = self
+                .locate(other)
+                .err()
+                .or_else(|| self.check(request, &[other], true, false).err())
+                .unwrap_or(error);
+            return Ok((pools, vec![ip], Some((other, why))));
+        }
+        Err(error)
     }
 
     /// Gives `request` new addresses (§4.4 steps 2–4), releasing whatever it
     /// held. On error the Service holds nothing.
     pub fn allocate(&mut self, request: &Request<'_>) -> Result<Holding, AllocError> {
         self.release(request.key);
-        let (pool, ips) = self.choose_new(request)?;
-        Ok(self.hold(request, pool, ips))
+        let (pools, ips) = self.choose_new(request)?;
+        Ok(self.hold(request, pools, ips))
     }
 
     /// §4.4 steps 2–4 without changing anything: the pool and addresses
@@ -1523,13 +1734,13 @@ impl Allocator {
     pub(crate) fn choose_new(
         &self,
         request: &Request<'_>,
-    ) -> Result<(Arc<str>, Vec<IpAddr>), AllocError> {
+    ) -> Result<(Pools, Vec<IpAddr>), AllocError> {
         if !request.addresses.is_empty() {
             // A PreferDualStack Service may ask for one address of either
             // family, and then holds just that one (§4.2).
             let partial = matches!(request.families, FamilyPolicy::PreferDual { .. });
-            let pool = self.check(request, request.addresses, partial, true)?;
-            return Ok((pool, request.addresses.to_vec()));
+            let pools = self.check(request, request.addresses, partial, true)?;
+            return Ok((pools, request.addresses.to_vec()));
         }
         match request.pool {
             Some(name) => {
@@ -1560,17 +1771,24 @@ impl Allocator {
                 }
                 let candidates = [Arc::clone(&state.name)];
                 self.choose(request, &candidates)
+                    .map(|(pool, ips)| ((pool, None), ips))
             }
             None => self.choose_auto(request),
         }
     }
 
-    /// For a PreferDualStack Service holding one address it did not
-    /// request: adds the missing family from the same pool if one fits.
-    /// Returns the new holding when an address was added.
+    /// For a dual-stack Service holding one address it did not request (a
+    /// PreferDualStack one, or one whose other address was let go per
+    /// address, docs/cilium.md §3.5): adds the missing family from the
+    /// same pool if one fits; else, held in a Cilium pool, from the first
+    /// candidate with a fitting address of that family if that is a Cilium
+    /// pool too (the rule of a new allocation, §4.3 item 4). Returns the
+    /// new holding when an address was added.
     pub fn complete_dual_stack(&mut self, request: &Request<'_>) -> Option<Holding> {
-        if !matches!(request.families, FamilyPolicy::PreferDual { .. })
-            || !request.addresses.is_empty()
+        if !matches!(
+            request.families,
+            FamilyPolicy::PreferDual { .. } | FamilyPolicy::RequireDual
+        ) || !request.addresses.is_empty()
         {
             return None;
         }
@@ -1581,11 +1799,70 @@ impl Allocator {
             return None;
         };
         let missing = Family::of(ip).other();
-        let state = self.pools.get(&held.pool).filter(|s| !s.pool.disabled)?;
-        let value = self.lowest_fit(state, missing, request)?;
-        let ips = vec![ip, from_int(missing, value)];
-        let pool = Arc::clone(&state.name);
-        Some(self.hold(request, pool, ips))
+        let state = self.pools.get(&held.pool)?;
+        let same = (!state.pool.disabled)
+            .then(|| self.lowest_fit(state, missing, request))
+            .flatten();
+        let (pools, added) = match same {
+            Some(value) => ((Arc::clone(&state.name), None), from_int(missing, value)),
+            None if state.pool.kind == PoolKind::CiliumLoadBalancerIPPool => {
+                let (other, ips) = self.first_cilium_fit(request, missing)?;
+                let added = *ips.first()?;
+                let pools = match missing {
+                    Family::V6 => (Arc::clone(&state.name), Some(other)),
+                    Family::V4 => (other, Some(Arc::clone(&state.name))),
+                };
+                (pools, added)
+            }
+            None => return None,
+        };
+        Some(self.hold(request, pools, vec![ip, added]))
+    }
+
+    /// The first automatic candidate (in order) with a fitting address of
+    /// `family` for `request`, if it is a Cilium pool.
+    fn first_cilium_fit(
+        &self,
+        request: &Request<'_>,
+        family: Family,
+    ) -> Option<(Arc<str>, Vec<IpAddr>)> {
+        let group = group_of_request(request);
+        let families = [family];
+        let (with_room, stacking) = self.auto_candidates(&families, group.as_deref());
+        let (pool, ips) = self.first_fit_of(request, &families, with_room, stacking)?;
+        let kind = self.pools.get(&pool)?.pool.kind;
+        (kind == PoolKind::CiliumLoadBalancerIPPool).then_some((pool, ips))
+    }
+
+    /// The automatic Cilium pools that serve `request` and have addresses
+    /// of `family`, in candidate order: where a Service held in a Cilium
+    /// pool may get that family (see [`Allocator::complete_dual_stack`]),
+    /// so what a waiting one waits on. O(automatic pools).
+    pub fn cilium_candidates(&self, request: &Request<'_>, family: Family) -> Vec<String> {
+        self.auto
+            .all
+            .iter()
+            .filter_map(|key| self.pools.get(&key.2))
+            .filter(|state| {
+                self.step(1);
+                state.pool.kind == PoolKind::CiliumLoadBalancerIPPool
+                    && state.has_family(family)
+                    && state.pool.serves(&request.subject)
+            })
+            .map(|state| state.name.to_string())
+            .collect()
+    }
+
+    /// §4.3 item 4 of docs/cilium.md: a dual-stack Service that no one
+    /// pool serves with both families takes one from each of two Cilium
+    /// pools: the first candidate with a fitting IPv4 address and the
+    /// first with a fitting IPv6 one, when both are Cilium pools.
+    fn split_fit(&self, request: &Request<'_>) -> Option<(Pools, Vec<IpAddr>)> {
+        let (pool4, ips4) = self.first_cilium_fit(request, Family::V4)?;
+        let (pool6, ips6) = self.first_cilium_fit(request, Family::V6)?;
+        let ips = vec![*ips4.first()?, *ips6.first()?];
+        let pool6 = (pool6 != pool4).then_some(pool6);
+        Some(((pool4, pool6), ips))
     }
 
     /// The family passes of §4.3: the families one pool must give at once,
@@ -1625,17 +1902,24 @@ impl Allocator {
     /// automatic pools that have room for it (a free address of each
     /// family, or addresses of the Service's group) are looked at, in
     /// order, and the first that serves the Service and fits wins.
-    fn choose_auto(&self, request: &Request<'_>) -> Result<(Arc<str>, Vec<IpAddr>), AllocError> {
+    fn choose_auto(&self, request: &Request<'_>) -> Result<(Pools, Vec<IpAddr>), AllocError> {
         let group = group_of_request(request);
         if request.sharing_rule == SharingRule::Cilium {
-            if let Some(found) = self.join_first(request, group.as_deref()) {
-                return Ok(found);
+            if let Some((pool, ips)) = self.join_first(request, group.as_deref()) {
+                return Ok(((pool, None), ips));
             }
         }
         for families in Self::passes(request.families) {
             let (with_room, stacking) = self.auto_candidates(families, group.as_deref());
-            if let Some(found) = self.first_fit_of(request, families, with_room, stacking) {
-                return Ok(found);
+            if let Some((pool, ips)) = self.first_fit_of(request, families, with_room, stacking) {
+                return Ok(((pool, None), ips));
+            }
+            // No one pool has both families: one from each of two Cilium
+            // pools, before a PreferDualStack Service settles for one.
+            if families.len() == 2 {
+                if let Some(found) = self.split_fit(request) {
+                    return Ok(found);
+                }
             }
         }
         // No pool fits: the failure names every pool tried, as the walk over
@@ -1941,15 +2225,16 @@ impl Allocator {
                 problems.push(format!("{ip} is recorded with no holder that exists"));
                 continue;
             };
+            let pool = first.pool_of(*ip);
             match self.locate(*ip) {
-                Ok(state) if state.name == first.pool => {}
+                Ok(state) if state.name == *pool => {}
                 Ok(state) => problems.push(format!(
-                    "{ip} is held from pool {} but lies in {}",
-                    first.pool, state.name
+                    "{ip} is held from pool {pool} but lies in {}",
+                    state.name
                 )),
                 Err(error) => problems.push(format!("{ip} is held but {error}")),
             }
-            *recount.entry((&*first.pool, Family::of(*ip))).or_default() += 1;
+            *recount.entry((&**pool, Family::of(*ip))).or_default() += 1;
             if holders.len() > 1 {
                 let mut tenancies: BTreeMap<Tenancy, u32> = BTreeMap::new();
                 for tenancy in helds.iter().filter_map(|(_, h)| h.and_then(Held::tenancy)) {
@@ -1972,7 +2257,7 @@ impl Allocator {
                     ));
                     continue;
                 };
-                if !held.ips.contains(ip) || held.pool != first.pool {
+                if !held.ips.contains(ip) || held.pool_of(*ip) != pool {
                     problems.push(format!(
                         "{ip} lists {holder} as holder but {holder} does not hold it"
                     ));
@@ -2005,6 +2290,22 @@ impl Allocator {
             }
         }
         for (key, held) in &self.services {
+            // Two pools only for one address per family, each in a Cilium
+            // pool (docs/cilium.md §3.5).
+            if let Some(other) = &held.pool6 {
+                let kinds_ok = [&held.pool, other].iter().all(|name| {
+                    self.pools
+                        .get(*name)
+                        .is_some_and(|s| s.pool.kind == PoolKind::CiliumLoadBalancerIPPool)
+                });
+                let v4 = held.ips.iter().filter(|ip| ip.is_ipv4()).count();
+                if *other == held.pool || !kinds_ok || (v4, held.ips.len() - v4) != (1, 1) {
+                    problems.push(format!(
+                        "{key} holds addresses in pools {} and {other}, which is only for one address per family in two Cilium pools",
+                        held.pool
+                    ));
+                }
+            }
             for ip in &held.ips {
                 if !self
                     .addresses

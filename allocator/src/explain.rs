@@ -107,20 +107,23 @@ impl Allocator {
         };
         let outcome = match &kept {
             Some(holding) => Ok(holding.clone()),
-            None => self.choose_new(request).map(|(pool, mut ips)| {
+            None => self.choose_new(request).map(|((pool, other), mut ips)| {
                 ips.sort_by_key(IpAddr::is_ipv6);
                 Holding {
                     pool: pool.to_string(),
                     ips,
+                    other_pool: other.as_deref().map(str::to_owned),
                 }
             }),
         };
         let candidates: Vec<&PoolState> = match step {
             Step::RequestedAddresses => self
-                .pool_of_all(request.addresses)
+                .pools_of(request.addresses)
                 .ok()
-                .and_then(|name| self.pools.get(&name))
                 .into_iter()
+                .flat_map(|(first, second)| [Some(first), second])
+                .flatten()
+                .filter_map(|name| self.pools.get(&name))
                 .collect(),
             // `metallb.io/address-pool` names IPAddressPools only.
             Step::RequestedPool => request
@@ -131,13 +134,17 @@ impl Allocator {
                 .collect(),
             Step::PoolOrder => self.in_pool_order(),
         };
-        let chosen = outcome.as_ref().ok().map(|h| h.pool.as_str());
+        let chosen = |name: &str| {
+            outcome
+                .as_ref()
+                .is_ok_and(|h| h.pool == name || h.other_pool.as_deref() == Some(name))
+        };
         let pools = candidates
             .into_iter()
             .map(|state| PoolVerdict {
                 pool: state.name.to_string(),
                 verdict: self.verdict(state, request, step, kept.as_ref()),
-                chosen: chosen == Some(&*state.name),
+                chosen: chosen(&state.name),
             })
             .collect();
         Explanation {
@@ -179,10 +186,16 @@ impl Allocator {
             Some(Unserved::ServiceSelector) => return Verdict::ServiceSelectorMismatch,
             None => {}
         }
-        if let Some(holding) = kept.filter(|h| *h.pool == *state.name) {
-            return Verdict::Holds {
-                ips: holding.ips.clone(),
-            };
+        if let Some(holding) = kept {
+            let ips: Vec<IpAddr> = holding
+                .ips
+                .iter()
+                .copied()
+                .filter(|ip| holding.pool_of(*ip) == &*state.name)
+                .collect();
+            if !ips.is_empty() {
+                return Verdict::Holds { ips };
+            }
         }
         match step {
             Step::RequestedAddresses => {

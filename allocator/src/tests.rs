@@ -530,7 +530,8 @@ fn keeping_held_addresses() {
         a.holding("ns/a").unwrap(),
         Holding {
             pool: "p".into(),
-            ips: ips(&["10.0.0.77"])
+            ips: ips(&["10.0.0.77"]),
+            other_pool: None,
         }
     );
     // Keeping is idempotent.
@@ -696,6 +697,14 @@ enum Op {
         service: u8,
         address: u8,
     },
+    /// A dual-stack status pair: kept together, per address (Cilium
+    /// pools), or not at all.
+    KeepPair {
+        service: u8,
+        v4: u8,
+        v6: u8,
+        prefer: bool,
+    },
     Release {
         service: u8,
     },
@@ -722,6 +731,9 @@ enum Op {
         service: u8,
         share: Option<u8>,
         port: u8,
+        /// RequireDualStack (a pair kept per address that lost one), else
+        /// PreferDualStack.
+        require: bool,
     },
 }
 
@@ -756,14 +768,16 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0u8..8, proptest::option::of(0u8..4), 0u8..3, 0u8..4, proptest::option::of(0u8..3), proptest::option::of(0u8..16))
             .prop_map(|(service, share, port, family, pool, ask)| Op::Allocate { service, share, port, family, pool, ask }),
         2 => (0u8..8, 0u8..16).prop_map(|(service, address)| Op::Keep { service, address }),
+        1 => (0u8..8, 0u8..8, 0u8..8, any::<bool>())
+            .prop_map(|(service, v4, v6, prefer)| Op::KeepPair { service, v4: v4 * 2, v6: v6 * 2 + 1, prefer }),
         2 => (0u8..8).prop_map(|service| Op::Release { service }),
         1 => (0u8..3, 0u8..POOL_SHAPES.len() as u8).prop_map(|(pool, shape)| Op::SetPool { pool, shape }),
         1 => (0u8..3).prop_map(|pool| Op::RemovePool { pool }),
         1 => (0u8..3, 0u8..POOL_SHAPES.len() as u8, any::<bool>(), proptest::bool::weighted(0.2), any::<bool>())
             .prop_map(|(pool, shape, no_ends, disabled, selector)| Op::SetCiliumPool { pool, shape, no_ends, disabled, selector }),
         1 => (0u8..3).prop_map(|pool| Op::RemoveCiliumPool { pool }),
-        1 => (0u8..8, proptest::option::of(0u8..4), 0u8..3)
-            .prop_map(|(service, share, port)| Op::CompleteDual { service, share, port }),
+        1 => (0u8..8, proptest::option::of(0u8..4), 0u8..3, any::<bool>())
+            .prop_map(|(service, share, port, require)| Op::CompleteDual { service, share, port, require }),
     ]
 }
 
@@ -792,6 +806,20 @@ fn apply(a: &mut Allocator, op: &Op) -> String {
             let s = svc(&key_of(service));
             let s = if n.is_multiple_of(2) { s } else { s.v6() };
             format!("{:?}", a.keep(&s.req(), &[address(n)]))
+        }
+        Op::KeepPair {
+            service,
+            v4,
+            v6,
+            prefer,
+        } => {
+            let s = svc(&key_of(service));
+            let s = if prefer {
+                s.prefer(Family::V4)
+            } else {
+                s.dual()
+            };
+            format!("{:?}", a.keep_part(&s.req(), &[address(v4), address(v6)]))
         }
         Op::Release { service } => format!("{:?}", a.release(&key_of(service))),
         Op::SetPool { pool, shape } => {
@@ -852,8 +880,9 @@ fn apply(a: &mut Allocator, op: &Op) -> String {
             service,
             share,
             port,
+            require,
         } => {
-            let s = service_for(service, share, port, 3);
+            let s = service_for(service, share, port, if require { 2 } else { 3 });
             format!("{:?}", a.complete_dual_stack(&s.req()))
         }
     }
@@ -931,11 +960,17 @@ proptest! {
                 answers.push(answer);
             }
             // Every address held lies in a pool that allows it.
+            // A holding spans two pools only as one address per family in
+            // two Cilium pools (docs/cilium.md §3.5).
             for (key, holding) in a.holdings() {
-                let pool = a.pool(&holding.pool).ok_or(format!("{key}: pool gone"))?;
                 for held in &holding.ips {
+                    let name = holding.pool_of(*held);
+                    let pool = a.pool(name).ok_or(format!("{key}: pool {name} gone"))?;
                     if !pool.allows(*held) {
-                        return Err(format!("{key} holds {held} outside {}", holding.pool));
+                        return Err(format!("{key} holds {held} outside {name}"));
+                    }
+                    if holding.other_pool.is_some() && pool.kind != PoolKind::CiliumLoadBalancerIPPool {
+                        return Err(format!("{key} spans two pools, {name} not a Cilium pool"));
                     }
                 }
             }
@@ -1589,6 +1624,241 @@ mod cilium {
         );
         // Allocated, it goes elsewhere.
         assert_eq!(one(&mut a, &newcomer), "10.0.0.1");
+        a.check_invariants().unwrap();
+    }
+}
+
+/// docs/cilium.md §3.5, §4.3 item 4: a dual-stack holding in two Cilium
+/// pools, one per family, as Cilium gets and keeps each family on its own;
+/// a pair with an address in an `IPAddressPool` keeps MetalLB's rule.
+mod two_pools {
+    use super::*;
+    use crate::cilium::{CiliumBlock, CiliumLoadBalancerIPPoolSpec};
+
+    fn blocks(list: &[&str]) -> CiliumLoadBalancerIPPoolSpec {
+        CiliumLoadBalancerIPPoolSpec {
+            blocks: list
+                .iter()
+                .map(|c| CiliumBlock {
+                    cidr: Some(c.to_string()),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Cilium pools c4 (IPv4 only) and c6 (IPv6 only).
+    fn split_pools() -> Allocator {
+        let mut a = Allocator::new();
+        a.set_cilium_pool("c4", &blocks(&["10.0.0.0/30"]));
+        a.set_cilium_pool("c6", &blocks(&["fd00::/126"]));
+        a
+    }
+
+    fn pools(h: &Holding) -> (String, Option<String>) {
+        (h.pool.clone(), h.other_pool.clone())
+    }
+
+    #[test]
+    fn a_dual_stack_service_takes_one_family_from_each_cilium_pool() {
+        let mut a = split_pools();
+        for (key, s) in [
+            ("ns/a", svc("ns/a").dual()),
+            ("ns/b", svc("ns/b").prefer(Family::V6)),
+        ] {
+            let h = a.allocate(&s.req()).unwrap();
+            assert_eq!(pools(&h), ("c4".into(), Some("c6".into())), "{key}");
+            a.check_invariants().unwrap();
+        }
+        assert_eq!(a.holding("ns/a").unwrap().ips, ips(&["10.0.0.0", "fd00::"]));
+        assert_eq!(
+            a.holding("ns/b").unwrap().ips,
+            ips(&["10.0.0.1", "fd00::1"])
+        );
+        assert_eq!(a.holding("ns/b").unwrap().pool_of(ip("fd00::1")), "c6");
+        // Counted in each pool.
+        let stats = a.pool_stats();
+        assert_eq!(
+            stats
+                .iter()
+                .map(|s| (s.ipv4.assigned, s.ipv6.assigned))
+                .collect::<Vec<_>>(),
+            [(2, 0), (0, 2)]
+        );
+        // Released from both.
+        a.release("ns/a");
+        a.check_invariants().unwrap();
+        assert_eq!(
+            alloc(&mut a, &svc("ns/c").dual()).unwrap(),
+            ["10.0.0.0", "fd00::"]
+        );
+    }
+
+    #[test]
+    fn one_pool_with_both_families_comes_before_two() {
+        let mut a = split_pools();
+        a.set_cilium_pool("z", &blocks(&["10.0.9.0/30", "fd00:9::/126"]));
+        let h = a.allocate(&svc("ns/a").dual().req()).unwrap();
+        assert_eq!(
+            (pools(&h), h.ips),
+            (("z".into(), None), ips(&["10.0.9.0", "fd00:9::"]))
+        );
+    }
+
+    #[test]
+    fn no_split_when_the_first_pool_with_a_free_address_is_an_ipaddresspool() {
+        let mut a = split_pools();
+        // "a6" comes before "c6" in the order: the first with a free IPv6.
+        a.set_pool("a6", &pool_spec(&["fd00:a::/126"]));
+        assert!(matches!(
+            a.allocate(&svc("ns/a").dual().req()),
+            Err(AllocError::NoAvailable { .. })
+        ));
+        // PreferDualStack settles for one address, as before.
+        let h = a.allocate(&svc("ns/b").prefer(Family::V4).req()).unwrap();
+        assert_eq!(
+            (pools(&h), h.ips),
+            (("c4".into(), None), ips(&["10.0.0.0"]))
+        );
+        a.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn requested_addresses_in_two_cilium_pools_each_from_its_own() {
+        let mut a = split_pools();
+        let s = svc("ns/a").dual().asking(&["10.0.0.2", "fd00::3"]);
+        let h = a.allocate(&s.req()).unwrap();
+        assert_eq!(pools(&h), ("c4".into(), Some("c6".into())));
+        assert_eq!(h.ips, ips(&["10.0.0.2", "fd00::3"]));
+        a.check_invariants().unwrap();
+        // With one of them in an IPAddressPool: one pool, as MetalLB.
+        a.set_pool("m6", &pool_spec(&["fd00:6::/126"]));
+        let s = svc("ns/b").dual().asking(&["10.0.0.1", "fd00:6::1"]);
+        assert!(matches!(
+            a.allocate(&s.req()),
+            Err(AllocError::DifferentPools { .. })
+        ));
+        assert_eq!(a.holding("ns/b"), None);
+    }
+
+    #[test]
+    fn restart_keeps_a_pair_held_in_two_cilium_pools() {
+        let mut a = split_pools();
+        let s = svc("ns/a").dual();
+        // As recorded from Cilium: addresses that are not the lowest.
+        let h = a.keep(&s.req(), &ips(&["fd00::2", "10.0.0.3"])).unwrap();
+        assert_eq!(pools(&h), ("c4".into(), Some("c6".into())));
+        assert_eq!(h.ips, ips(&["10.0.0.3", "fd00::2"]));
+        assert_eq!(a.can_keep(&s.req(), &h.ips), Ok(()));
+        a.check_invariants().unwrap();
+        // Kept again (every reconciliation): nothing changes.
+        assert_eq!(a.keep(&s.req(), &h.ips).unwrap(), h);
+        // Another Service cannot keep either address.
+        let b = svc("ns/b").v6();
+        assert!(a.keep(&b.req(), &ips(&["fd00::2"])).is_err());
+        // A pool that stops serving the Service: the pair goes per address.
+        let narrowed = CiliumLoadBalancerIPPoolSpec {
+            service_selector: Some(LabelSelectorSpec {
+                match_labels: BTreeMap::from([("app".to_owned(), "x".to_owned())]),
+                ..Default::default()
+            }),
+            ..blocks(&["fd00::/126"])
+        };
+        a.set_cilium_pool("c6", &narrowed);
+        let (kept, dropped) = a.keep_part(&s.req(), &h.ips).unwrap();
+        assert_eq!(kept.ips, ips(&["10.0.0.3"]));
+        assert_eq!(
+            dropped,
+            Some((
+                ip("fd00::2"),
+                AllocError::PoolDoesNotServe { pool: "c6".into() }
+            ))
+        );
+        a.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn removing_one_of_the_two_pools_lets_go_of_that_family_only() {
+        let mut a = split_pools();
+        let s = svc("ns/a").dual();
+        a.allocate(&s.req()).unwrap();
+        // Another Service shares the IPv4 address (a Cilium key).
+        let x = svc("ns/x").dual().cilium_share("k", &[80]);
+        let y = svc("ns/y").cilium_share("k", &[443]);
+        assert_eq!(
+            a.allocate(&x.req()).unwrap().ips,
+            ips(&["10.0.0.1", "fd00::1"])
+        );
+        assert_eq!(a.allocate(&y.req()).unwrap().ips, ips(&["10.0.0.1"]));
+        let change = a.remove_cilium_pool("c6");
+        a.check_invariants().unwrap();
+        let released: Vec<(String, Vec<IpAddr>)> = change
+            .released
+            .iter()
+            .map(|r| (r.key.clone(), r.ips.clone()))
+            .collect();
+        assert_eq!(
+            released,
+            [
+                ("ns/a".to_owned(), ips(&["fd00::"])),
+                ("ns/x".to_owned(), ips(&["fd00::1"]))
+            ]
+        );
+        // The IPv4 addresses stay where they were, the shared one shared.
+        assert_eq!(pools(&a.holding("ns/a").unwrap()), ("c4".into(), None));
+        assert_eq!(a.holding("ns/a").unwrap().ips, ips(&["10.0.0.0"]));
+        assert_eq!(a.holders(ip("10.0.0.1")), ["ns/x", "ns/y"]);
+        // The status still shows the pair: the IPv4 address is kept alone,
+        // and the IPv6 one comes from the next Cilium pool with room.
+        let (kept, dropped) = a
+            .keep_part(&s.req(), &ips(&["10.0.0.0", "fd00::"]))
+            .unwrap();
+        assert_eq!(kept.ips, ips(&["10.0.0.0"]));
+        assert!(matches!(
+            dropped,
+            Some((_, AllocError::NotInAnyPool { .. }))
+        ));
+        assert_eq!(a.complete_dual_stack(&s.req()), None, "no IPv6 pool left");
+        a.set_cilium_pool("d6", &blocks(&["fd00:d::/126"]));
+        let h = a.complete_dual_stack(&s.req()).unwrap();
+        assert_eq!(
+            (pools(&h), h.ips),
+            (
+                ("c4".into(), Some("d6".into())),
+                ips(&["10.0.0.0", "fd00:d::"])
+            )
+        );
+        a.check_invariants().unwrap();
+        // Removing the IPv4 pool: the IPv6 address stays, now the first.
+        let change = a.remove_cilium_pool("c4");
+        assert_eq!(change.released.len(), 3, "{:?}", change.released);
+        let h = a.holding("ns/a").unwrap();
+        assert_eq!(
+            (pools(&h), h.ips),
+            (("d6".into(), None), ips(&["fd00:d::"]))
+        );
+        assert_eq!(a.holding("ns/y"), None);
+        a.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_pair_with_an_address_in_an_ipaddresspool_goes_together() {
+        let mut a = Allocator::new();
+        a.set_pool("m", &pool_spec(&["10.0.0.0/30", "fd00::/126"]));
+        let s = svc("ns/a").dual();
+        a.allocate(&s.req()).unwrap();
+        let change = a.set_pool("m", &pool_spec(&["10.0.0.0/30"]));
+        assert_eq!(change.released.len(), 1);
+        assert_eq!(change.released[0].ips, ips(&["10.0.0.0", "fd00::"]));
+        assert_eq!(a.holding("ns/a"), None);
+        assert!(a.keep(&s.req(), &ips(&["10.0.0.0", "fd00::"])).is_err());
+        // And a pair across the two kinds is not kept per address either.
+        a.set_cilium_pool("c6", &blocks(&["fd00::/126"]));
+        assert!(matches!(
+            a.keep(&s.req(), &ips(&["10.0.0.0", "fd00::"])),
+            Err(AllocError::DifferentPools { .. })
+        ));
         a.check_invariants().unwrap();
     }
 }

@@ -1058,8 +1058,6 @@ mod families {
     /// Requested addresses of two families from two Cilium pools
     /// (docs/cilium.md §4.3 item 4).
     #[tokio::test]
-    #[ignore = "the allocator holds one pool per Service: addresses requested \
-                through lbipam.cilium.io/ips in two pools are refused (DifferentPools)"]
     async fn requested_pair_from_two_cilium_pools() {
         let h = Harness::new().await;
         h.cilium_pool("c4", blocks(&["10.0.10.0/24"])).await;
@@ -1073,6 +1071,77 @@ mod families {
         .await;
         assert_eq!(h.ips("ns/a"), "10.0.10.5 fd00:10::5");
         assert_eq!(h.cilium("ns/a"), SATISFIED);
+    }
+
+    fn require_dual(key: &str) -> Svc {
+        svc(key)
+            .set(&["spec", "clusterIPs"], json!(["10.96.0.11", "fd96::11"]))
+            .set(&["spec", "ipFamilies"], json!(["IPv4", "IPv6"]))
+            .set(&["spec", "ipFamilyPolicy"], json!("RequireDualStack"))
+    }
+
+    /// `"key Reason: message"` of every Normal event.
+    fn normal_events(records: &[Record]) -> Vec<String> {
+        records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Event {
+                    key,
+                    event_type: EventType::Normal,
+                    reason,
+                    message,
+                } => Some(format!("{key} {reason}: {message}")),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// No one pool has both families: one from each Cilium pool; the pool
+    /// of one family removed, only that family's address moves
+    /// (docs/cilium.md §3.5, §4.3 item 4).
+    #[tokio::test]
+    async fn dual_stack_from_two_cilium_pools_and_one_removed() {
+        let h = Harness::new().await;
+        h.cilium_pool("c4", blocks(&["10.0.10.0/24"])).await;
+        h.cilium_pool("c6", blocks(&["fd00:10::/120"])).await;
+        h.add(require_dual("ns/a")).await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.0 fd00:10::");
+        assert_eq!(h.cilium("ns/a"), SATISFIED);
+        h.cilium_pool("d6", blocks(&["fd00:20::/120"])).await;
+        h.take();
+        h.delete_cilium_pool("c6").await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.0 fd00:20::");
+        assert_eq!(h.cilium("ns/a"), SATISFIED);
+        let records = h.take();
+        assert_eq!(
+            normal_events(&records),
+            [
+                r#"ns/a ClearAssignment: current IP ["fd00:10::"] not allowed by config, clearing: fd00:10:: is not in any pool"#,
+                r#"ns/a IPAllocated: Assigned IP ["10.0.10.0" "fd00:20::"]"#,
+            ]
+        );
+        // No IPv6 pool left: a RequireDualStack Service gets both or none.
+        h.delete_cilium_pool("d6").await;
+        assert_eq!(h.ips("ns/a"), "");
+    }
+
+    /// A PreferDualStack Service held in a Cilium pool with no IPv6 waits
+    /// for one from another Cilium pool that serves it, and is woken by a
+    /// delete there.
+    #[tokio::test]
+    async fn half_served_in_a_cilium_pool_completes_from_another() {
+        let h = Harness::new().await;
+        h.cilium_pool("c4", blocks(&["10.0.10.0/24"])).await;
+        h.cilium_pool("c6", blocks(&["fd00:10::/128"])).await;
+        let prefer = |key: &str| {
+            require_dual(key).set(&["spec", "ipFamilyPolicy"], json!("PreferDualStack"))
+        };
+        h.add(prefer("ns/a")).await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.0 fd00:10::");
+        h.add(prefer("ns/b")).await;
+        assert_eq!(h.ips("ns/b"), "10.0.10.1");
+        h.delete("ns/a").await;
+        assert_eq!(h.ips("ns/b"), "10.0.10.1 fd00:10::");
     }
 }
 
@@ -1121,6 +1190,62 @@ mod takeover {
         let again = Harness::unsynced(ControllerConfig::default());
         again.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         for key in ["ns/a", "ns/b"] {
+            let shown = Svc(serde_json::to_value(&*h.service(key)).unwrap());
+            again.add(shown).await;
+        }
+        again.sync().await;
+        assert_eq!(again.take(), Vec::<Record>::new());
+    }
+
+    /// A recorded Cilium cluster with a Service whose IPv4 address is in
+    /// one pool and IPv6 in another replays with no address moved
+    /// (docs/cilium.md §3.7, docs/allocation.md §4.5).
+    #[tokio::test]
+    async fn a_pair_in_two_cilium_pools_stays() {
+        let h = Harness::unsynced(ControllerConfig::default());
+        h.cilium_pool("c4", blocks(&["10.0.10.0/24"])).await;
+        h.cilium_pool("c6", blocks(&["fd00:10::/120"])).await;
+        let dual = |key: &str, ips: &[&str]| {
+            let ingress: Vec<Value> = ips.iter().map(|ip| json!({ "ip": ip })).collect();
+            from_cilium(key, ips[0])
+                .set(&["spec", "clusterIPs"], json!(["10.96.0.11", "fd96::11"]))
+                .set(&["spec", "ipFamilies"], json!(["IPv4", "IPv6"]))
+                .set(&["spec", "ipFamilyPolicy"], json!("RequireDualStack"))
+                .set(&["status", "loadBalancer", "ingress"], json!(ingress))
+        };
+        h.add(dual("ns/a", &["10.0.10.7", "fd00:10::9"])).await;
+        h.add(dual("ns/b", &["10.0.10.3", "fd00:10::2"]).cilium_ips("10.0.10.3,fd00:10::2"))
+            .await;
+        h.add(
+            from_cilium("ns/c", "fd00:10::7")
+                .set(&["spec", "clusterIPs"], json!(["fd96::12"]))
+                .set(&["spec", "ipFamilies"], json!(["IPv6"])),
+        )
+        .await;
+        h.sync().await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.7 fd00:10::9");
+        assert_eq!(h.ips("ns/b"), "10.0.10.3 fd00:10::2");
+        assert_eq!(h.ips("ns/c"), "fd00:10::7");
+        let records = h.take();
+        assert_eq!(
+            writes(&records),
+            [
+                "ns/a <- 10.0.10.7 fd00:10::9",
+                "ns/b <- 10.0.10.3 fd00:10::2",
+                "ns/c <- fd00:10::7"
+            ]
+        );
+        assert!(
+            !records.iter().any(|r| matches!(r, Record::Event { .. })),
+            "{records:?}"
+        );
+        assert_eq!(h.cilium("ns/a"), SATISFIED);
+        assert_eq!(h.cilium("ns/b"), SATISFIED);
+        // A restart now writes nothing.
+        let again = Harness::unsynced(ControllerConfig::default());
+        again.cilium_pool("c4", blocks(&["10.0.10.0/24"])).await;
+        again.cilium_pool("c6", blocks(&["fd00:10::/120"])).await;
+        for key in ["ns/a", "ns/b", "ns/c"] {
             let shown = Svc(serde_json::to_value(&*h.service(key)).unwrap());
             again.add(shown).await;
         }

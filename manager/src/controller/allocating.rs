@@ -405,15 +405,17 @@ impl AllocatingController {
                 }
                 let view = ServiceView::new(&service, self.config.sharing_across_namespaces);
                 let namespace = self.store.namespace(view.namespace);
-                let serves = state
-                    .allocator
-                    .pool(&holding.pool)
-                    .is_some_and(|pool| pool.serves(&view.subject(labels_of(&namespace))));
-                if !serves {
-                    problems.push(format!(
-                        "{key} holds addresses of pool {} which does not serve it",
-                        holding.pool
-                    ));
+                let subject = view.subject(labels_of(&namespace));
+                for name in std::iter::once(&holding.pool).chain(&holding.other_pool) {
+                    let serves = state
+                        .allocator
+                        .pool(name)
+                        .is_some_and(|pool| pool.serves(&subject));
+                    if !serves {
+                        problems.push(format!(
+                            "{key} holds addresses of pool {name} which does not serve it"
+                        ));
+                    }
                 }
             }
         }
@@ -457,7 +459,8 @@ impl AllocatingController {
         let mut events = Vec::new();
         if let Some(reason) = &decision.cleared {
             if announced_clear.as_ref() != Some(&status) {
-                events.push(clear_event(&status, reason));
+                let cleared = decision.cleared_part.as_ref().unwrap_or(&status);
+                events.push(clear_event(cleared, reason));
             }
         }
         if let Outcome::Holds {
@@ -509,7 +512,14 @@ impl AllocatingController {
             after: after.as_ref(),
             sharing_before,
         };
-        let outcome = sync_outcome(&state.allocator, key, &view, &decision.outcome, &changed);
+        let outcome = sync_outcome(
+            &state.allocator,
+            key,
+            &view,
+            labels_of(&namespace),
+            &decision.outcome,
+            &changed,
+        );
         Plan {
             write,
             events,
@@ -902,6 +912,7 @@ fn sync_outcome(
     allocator: &Allocator,
     key: &str,
     view: &ServiceView<'_>,
+    namespace_labels: &BTreeMap<String, String>,
     decided: &Outcome,
     change: &Change<'_>,
 ) -> SyncOutcome {
@@ -911,7 +922,8 @@ fn sync_outcome(
             ..
         } => {
             let mut outcome = SyncOutcome::new(SyncState::Waiting);
-            (outcome.waiting_class, outcome.wake_on) = half_served_wait(allocator, view, key);
+            (outcome.waiting_class, outcome.wake_on) =
+                half_served_wait(allocator, view, key, namespace_labels);
             outcome
         }
         Outcome::Holds { .. } => SyncOutcome::success(),
@@ -983,7 +995,10 @@ fn freed(
             continue;
         }
         freed.push(WakeOn::Address(*ip));
-        freed.push(WakeOn::Pool(before.pool.clone(), Family::of(*ip)));
+        freed.push(WakeOn::Pool(
+            before.pool_of(*ip).to_owned(),
+            Family::of(*ip),
+        ));
     }
     freed.sort();
     freed.dedup();
@@ -1113,22 +1128,41 @@ fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<Wake
 /// The class and wake of a PreferDualStack Service that holds one family
 /// and waits for the other: it can only get it from its own pool, so a
 /// free address of that family there (or, if it may share, any release)
-/// can end its wait, and all such Services in one pool fail alike.
+/// can end its wait, and all such Services in one pool fail alike. Held
+/// in a Cilium pool, it may get it from the Cilium pools that serve it too
+/// (docs/cilium.md §3.5), which its wait and class then name.
 fn half_served_wait(
     allocator: &Allocator,
     view: &ServiceView<'_>,
     key: &str,
+    namespace_labels: &BTreeMap<String, String>,
 ) -> (Option<u64>, Option<Vec<WakeOn>>) {
     let Some((pool, [ip])) = allocator.held(key) else {
         return (None, None);
     };
     let missing = Family::of(*ip).other();
+    let cilium = allocator
+        .pool(pool)
+        .is_some_and(|p| p.kind == PoolKind::CiliumLoadBalancerIPPool);
+    let others: Vec<String> = match (cilium, view.families) {
+        (true, Some(families)) => {
+            let requested = view.requested.as_deref().unwrap_or_default();
+            let request = view.request(key, families, namespace_labels, requested);
+            allocator
+                .cilium_candidates(&request, missing)
+                .into_iter()
+                .filter(|other| other != pool)
+                .collect()
+        }
+        _ => Vec::new(),
+    };
     if !view.sharing_key.is_empty() {
         let mut ports = view.ports.to_vec();
         ports.sort();
         let class = class_of(&(
             "half-served",
             pool,
+            &others,
             format!("{missing}"),
             view.sharing_key,
             &*view.backend_key,
@@ -1140,11 +1174,16 @@ fn half_served_wait(
         ));
         return (Some(class), None);
     }
-    let class = class_of(&("half-served", pool, format!("{missing}")));
-    (
-        Some(class),
-        Some(vec![WakeOn::Pool(pool.to_owned(), missing)]),
-    )
+    let class = if others.is_empty() {
+        class_of(&("half-served", pool, format!("{missing}")))
+    } else {
+        class_of(&("half-served", pool, &others, format!("{missing}")))
+    };
+    let wake = std::iter::once(pool.to_owned())
+        .chain(others)
+        .map(|p| WakeOn::Pool(p, missing))
+        .collect();
+    (Some(class), Some(wake))
 }
 
 fn allocated_event(holding: &AllocatorHolding) -> Event {

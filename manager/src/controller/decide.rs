@@ -80,6 +80,9 @@ pub(crate) enum Outcome {
 pub(crate) struct Decision {
     /// The status addresses were released, and why (`ClearAssignment`).
     pub(crate) cleared: Option<String>,
+    /// When only part of the status was released (a pair held per address,
+    /// docs/cilium.md §3.5): the addresses released; `None`: all of them.
+    pub(crate) cleared_part: Option<Vec<String>>,
     pub(crate) outcome: Outcome,
 }
 
@@ -109,13 +112,33 @@ pub(crate) fn decide(allocator: &mut Allocator, input: &Input<'_>) -> Decision {
     let request = input
         .view
         .request(input.key, families, input.namespace_labels, requested);
-    let (kept, cleared) = keep_status(allocator, &request, input);
+    let (kept, cleared, mut cleared_part) = keep_status(allocator, &request, input);
     let outcome = match invalid {
         Some(reason) => Outcome::Invalid(reason),
         None if kept => complete(allocator, &request, families, requested),
         None => take(allocator, &request, families, requested),
     };
-    Decision { cleared, outcome }
+    // The address kept alone may go too (a RequireDualStack Service that
+    // found no address of the other family): then the whole status was.
+    if cleared_part.is_some() {
+        let held = allocator.held(input.key).map_or(&[][..], |(_, ips)| ips);
+        let parsed = |text: &String| text.parse::<IpAddr>().ok();
+        let released: Vec<IpAddr> = cleared_part.iter().flatten().filter_map(parsed).collect();
+        let all_kept = input
+            .status
+            .iter()
+            .filter_map(parsed)
+            .filter(|ip| !released.contains(ip))
+            .all(|ip| held.contains(&ip));
+        if !all_kept {
+            cleared_part = None;
+        }
+    }
+    Decision {
+        cleared,
+        cleared_part,
+        outcome,
+    }
 }
 
 /// §4.3: a Service with no cluster IP gets nothing and keeps nothing.
@@ -126,38 +149,56 @@ fn no_cluster_ip(allocator: &mut Allocator, input: &Input<'_>) -> Decision {
         Err(reason) => Outcome::Invalid(reason.clone()),
         Ok(_) => Outcome::Fails(Failure::NoClusterIp),
     };
-    Decision { cleared, outcome }
+    Decision {
+        cleared,
+        cleared_part: None,
+        outcome,
+    }
 }
 
 /// §4.4 step 1: keeps the status addresses if still allowed; otherwise
 /// releases whatever is held, saying why when the status showed addresses.
+/// A pair held per address (docs/cilium.md §3.5) may keep one address and
+/// release the other: the third value names the released one.
 fn keep_status(
     allocator: &mut Allocator,
     request: &Request<'_>,
     input: &Input<'_>,
-) -> (bool, Option<String>) {
+) -> (bool, Option<String>, Option<Vec<String>>) {
     if input.status.is_empty() || input.stale_status {
         // The status lost its addresses (a failed write, or a user): start
         // from a clean slate, as MetalLB does.
         allocator.release(input.key);
-        return (false, None);
+        return (false, None, None);
     }
-    let kept = parse_status(input.status)
-        .and_then(|ips| allocator.keep(request, &ips).map_err(|e| e.to_string()));
+    let kept = parse_status(input.status).and_then(|ips| {
+        allocator
+            .keep_part(request, &ips)
+            .map_err(|e| e.to_string())
+    });
     match kept {
-        Ok(_) => (true, None),
+        Ok((_, None)) => (true, None, None),
+        Ok((_, Some((ip, why)))) => {
+            tracing::debug!(key = input.key, %ip, %why, "held address no longer allowed");
+            (true, Some(why.to_string()), Some(vec![ip.to_string()]))
+        }
         Err(reason) => {
             tracing::debug!(key = input.key, %reason, "held address no longer allowed");
             allocator.release(input.key);
-            (false, Some(reason))
+            (false, Some(reason), None)
         }
     }
 }
 
-/// A PreferDualStack Service holding one family it did not ask for alone
-/// (§4.3).
+/// A dual-stack Service holding one family it did not ask for alone: a
+/// PreferDualStack one (§4.3), or one that kept one address of a pair
+/// held per address (docs/cilium.md §3.5).
 pub(crate) fn incomplete(families: FamilyPolicy, held: &[IpAddr], requested: &[IpAddr]) -> bool {
-    matches!(families, FamilyPolicy::PreferDual { .. }) && held.len() == 1 && requested.is_empty()
+    matches!(
+        families,
+        FamilyPolicy::PreferDual { .. } | FamilyPolicy::RequireDual
+    ) && held.len() == 1
+        && requested.is_empty()
 }
 
 /// After keeping the status addresses: a half-served PreferDualStack
@@ -180,6 +221,10 @@ fn complete(
             given: Some(holding),
             waits_for_family: false,
         },
+        // Both families or none: a new pair, or nothing (§4.3).
+        None if families == FamilyPolicy::RequireDual => {
+            take(allocator, request, families, requested)
+        }
         None => Outcome::Holds {
             given: None,
             waits_for_family: true,
