@@ -1120,6 +1120,37 @@ mod cost {
 
     /// Cilium pools cost what IPAddressPools do: many small pools with
     /// reserved ends, added one by one and filled.
+    /// Dual-stack Services from many small Cilium pools of one family
+    /// each (docs/cilium.md §4.3 item 4): each pair costs a few searches of
+    /// the automatic index, not a walk over the pools.
+    #[test]
+    fn dual_stack_pairs_from_many_single_family_cilium_pools() {
+        let mut a = Allocator::new();
+        let block = |cidr: String| crate::cilium::CiliumLoadBalancerIPPoolSpec {
+            blocks: vec![crate::cilium::CiliumBlock {
+                cidr: Some(cidr),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let pools = N / 4;
+        for p in 0..pools {
+            a.set_cilium_pool(&format!("a{p:05}"), &block(format!("{}/30", v4(4 * p))));
+            a.set_cilium_pool(
+                &format!("b{p:05}"),
+                &block(format!("fd00::{:x}/126", 4 * p)),
+            );
+        }
+        let before = a.steps();
+        for i in 0..4 * pools {
+            let h = a.allocate(&svc(&format!("ns/s{i}")).dual().req()).unwrap();
+            assert!(h.other_pool.is_some(), "{h:?}");
+        }
+        let steps = a.steps() - before;
+        assert!(steps <= u64::from(4 * pools) * 16, "{steps} steps");
+        a.check_invariants().unwrap();
+    }
+
     #[test]
     fn many_small_cilium_pools_with_reserved_ends() {
         let mut a = Allocator::new();

@@ -1197,6 +1197,29 @@ mod takeover {
         assert_eq!(again.take(), Vec::<Record>::new());
     }
 
+    /// At a restart the pool of one family is gone: the other address
+    /// stays, the missing family comes from another Cilium pool.
+    #[tokio::test]
+    async fn a_pair_whose_ipv6_pool_is_gone_keeps_its_ipv4_address() {
+        let h = Harness::unsynced(ControllerConfig::default());
+        h.cilium_pool("c4", blocks(&["10.0.10.0/24"])).await;
+        h.cilium_pool("d6", blocks(&["fd00:20::/120"])).await;
+        h.add(
+            from_cilium("ns/a", "10.0.10.7")
+                .set(&["spec", "clusterIPs"], json!(["10.96.0.11", "fd96::11"]))
+                .set(&["spec", "ipFamilies"], json!(["IPv4", "IPv6"]))
+                .set(&["spec", "ipFamilyPolicy"], json!("RequireDualStack"))
+                .set(
+                    &["status", "loadBalancer", "ingress"],
+                    json!([{ "ip": "10.0.10.7" }, { "ip": "fd00:10::9" }]),
+                ),
+        )
+        .await;
+        h.sync().await;
+        assert_eq!(h.ips("ns/a"), "10.0.10.7 fd00:20::");
+        assert_eq!(h.cilium("ns/a"), SATISFIED);
+    }
+
     /// A recorded Cilium cluster with a Service whose IPv4 address is in
     /// one pool and IPv6 in another replays with no address moved
     /// (docs/cilium.md §3.7, docs/allocation.md §4.5).
