@@ -178,9 +178,6 @@ fn its_mixed_twin_moves_no_held_address() {
 /// two Cilium pools (one pool per family, a common Cilium layout) keeps
 /// them at a restart.
 #[test]
-#[ignore = "the allocator holds one pool per Service: at SYNCED the pair is \
-            released (\"are in different pools\") and no single pool has both \
-            families, so the Service ends pending"]
 fn a_dual_stack_service_from_two_cilium_pools_keeps_both_at_restart() {
     let text = r#"{"type":"ADDED","object":{"apiVersion":"cilium.io/v2","kind":"CiliumLoadBalancerIPPool","metadata":{"name":"v4"},"spec":{"blocks":[{"cidr":"192.168.50.0/24"}]}}}
 {"type":"ADDED","object":{"apiVersion":"cilium.io/v2","kind":"CiliumLoadBalancerIPPool","metadata":{"name":"v6"},"spec":{"blocks":[{"cidr":"2001:db8:50::/120"}]}}}
