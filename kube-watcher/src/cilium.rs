@@ -42,16 +42,16 @@ use crate::retry::{with_backoff, WatchBackoff};
 use crate::watch::{Driver, SyncTracker};
 
 /// The API group.
-pub const GROUP: &str = "cilium.io";
+pub(crate) const GROUP: &str = "cilium.io";
 /// The kind.
-pub const KIND: &str = "CiliumLoadBalancerIPPool";
+pub(crate) const KIND: &str = "CiliumLoadBalancerIPPool";
 /// The resource, as discovery lists it.
-pub const PLURAL: &str = "ciliumloadbalancerippools";
+pub(crate) const PLURAL: &str = "ciliumloadbalancerippools";
 /// The versions watched, preferred first: `v2` is the storage version,
 /// `v2alpha1` what older clusters serve (docs/cilium.md §2.1).
-pub const VERSIONS: [&str; 2] = ["v2", "v2alpha1"];
+pub(crate) const VERSIONS: [&str; 2] = ["v2", "v2alpha1"];
 /// How often discovery is asked again while the CRD is not served.
-pub const DISCOVERY_PERIOD: Duration = Duration::from_secs(300);
+pub(crate) const DISCOVERY_PERIOD: Duration = Duration::from_secs(300);
 
 /// A `CiliumLoadBalancerIPPool` as cached: the spec as Cilium defines it
 /// and the status kept raw, so a read-modify-write of its conditions keeps
@@ -94,7 +94,7 @@ impl Resource for CiliumPoolResource {
 }
 
 /// The pool as the subscriber chains and the manager take it.
-pub fn to_subscriber(pool: &CiliumPoolResource) -> subscriber::CiliumLoadBalancerIPPool {
+pub(crate) fn to_subscriber(pool: &CiliumPoolResource) -> subscriber::CiliumLoadBalancerIPPool {
     subscriber::CiliumLoadBalancerIPPool {
         metadata: pool.metadata.clone(),
         spec: pool.spec.clone(),
@@ -103,7 +103,7 @@ pub fn to_subscriber(pool: &CiliumPoolResource) -> subscriber::CiliumLoadBalance
 }
 
 /// The resource at `version` (`v2` or `v2alpha1`).
-pub fn api_resource(version: &str) -> ApiResource {
+pub(crate) fn api_resource(version: &str) -> ApiResource {
     ApiResource {
         group: GROUP.to_owned(),
         version: version.to_owned(),
@@ -116,7 +116,7 @@ pub fn api_resource(version: &str) -> ApiResource {
 /// The version of [`VERSIONS`] (preferred first) whose discovery document
 /// lists `ciliumloadbalancerippools`; `None` when neither does (a group
 /// version that is not served answers 404).
-pub async fn discover(client: &kube::Client) -> Result<Option<&'static str>, kube::Error> {
+pub(crate) async fn discover(client: &kube::Client) -> Result<Option<&'static str>, kube::Error> {
     for version in VERSIONS {
         match client
             .list_api_group_resources(&format!("{GROUP}/{version}"))
@@ -164,7 +164,7 @@ fn decode_event(
 }
 
 /// The watch of the pools at `version`, decoded.
-pub fn watch_stream(
+pub(crate) fn watch_stream(
     client: kube::Client,
     version: &str,
     config: watcher::Config,
@@ -179,10 +179,10 @@ pub fn watch_stream(
 }
 
 /// The version served, shared with the pool status writer once known.
-pub type ServedVersion = tokio::sync::watch::Receiver<Option<&'static str>>;
+pub(crate) type ServedVersion = tokio::sync::watch::Receiver<Option<&'static str>>;
 
 /// How the pool watch is started.
-pub struct CiliumWatch<S> {
+pub(crate) struct CiliumWatch<S> {
     pub client: kube::Client,
     pub writer: Writer<CiliumPoolResource>,
     pub sink: S,
@@ -200,7 +200,7 @@ impl<S: Handler<CiliumPoolResource> + 'static> CiliumWatch<S> {
     /// a failure with the backoff), then watches them until `cancel`; a
     /// watch answered 404 (the CRD, or that version, is gone) goes back to
     /// discovery, and pools no longer served are delivered as deleted.
-    pub async fn run(self, cancel: CancellationToken) {
+    pub(crate) async fn run(self, cancel: CancellationToken) {
         let CiliumWatch {
             client,
             writer,

@@ -36,26 +36,26 @@ use crate::lease::LeaderGate;
 use crate::store::{split_key, KubeStore};
 
 /// The field manager of every patch.
-pub const FIELD_MANAGER: &str = "kube-watcher";
+pub(crate) const FIELD_MANAGER: &str = "kube-watcher";
 
 /// The `action` of every Event (events.k8s.io requires one).
-pub const EVENT_ACTION: &str = "AllocateLoadBalancerIP";
+pub(crate) const EVENT_ACTION: &str = "AllocateLoadBalancerIP";
 
 /// How many times a write that got 409 Conflict is tried in all, before the
 /// manager's own backoff takes over.
-pub const CONFLICT_ATTEMPTS: u32 = 3;
+pub(crate) const CONFLICT_ATTEMPTS: u32 = 3;
 
 /// How long a write waits for the cache to show it.
-pub const READ_YOUR_WRITES: Duration = Duration::from_secs(2);
+pub(crate) const READ_YOUR_WRITES: Duration = Duration::from_secs(2);
 
 /// How many Events may wait for the publishing task before the worker
 /// waits too.
-pub const EVENT_QUEUE: usize = 4096;
+pub(crate) const EVENT_QUEUE: usize = 4096;
 
 /// How many Events are queued or being published. Cheap to clone; every
 /// clone is the same count.
 #[derive(Clone, Debug)]
-pub struct EventBacklog(Arc<tokio::sync::watch::Sender<usize>>);
+pub(crate) struct EventBacklog(Arc<tokio::sync::watch::Sender<usize>>);
 
 impl Default for EventBacklog {
     fn default() -> Self {
@@ -72,18 +72,8 @@ impl EventBacklog {
         self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
 
-    /// Events queued or in flight.
-    pub fn len(&self) -> usize {
-        *self.0.borrow()
-    }
-
-    /// Whether no Event is queued or in flight.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Resolves once every queued Event was published (or dropped).
-    pub async fn drained(&self) {
+    pub(crate) async fn drained(&self) {
         let mut count = self.0.subscribe();
         // The sender lives in `self`, so this cannot fail.
         let _ = count.wait_for(|n| *n == 0).await;
@@ -98,7 +88,7 @@ struct QueuedEvent {
 }
 
 /// The client the controller writes through.
-pub struct KubeClient {
+pub(crate) struct KubeClient {
     client: kube::Client,
     store: KubeStore,
     gate: LeaderGate,
@@ -117,13 +107,13 @@ impl std::fmt::Debug for KubeClient {
 }
 
 /// The merge patch that sets (or, with `None`, removes) the pool annotation.
-pub fn annotation_patch(pool: Option<&str>) -> Value {
+pub(crate) fn annotation_patch(pool: Option<&str>) -> Value {
     json!({"metadata": {"annotations": {POOL_ANNOTATION: pool}}})
 }
 
 /// What a status patch does to our condition.
 #[derive(Clone, Debug, PartialEq)]
-pub enum ConditionChange {
+pub(crate) enum ConditionChange {
     /// Leave `status.conditions` out of the patch.
     Keep,
     /// Set ours (merged on `type`: other conditions stay).
@@ -136,15 +126,16 @@ pub enum ConditionChange {
 /// ingress addresses (`None`: left out; empty: the list removed) and our
 /// condition. `status.loadBalancer.ingress` has no merge key, so the list
 /// given replaces the one stored; `status.conditions` merges on `type`.
-pub fn status_patch(ingress: Option<&[IpAddr]>, condition: &ConditionChange) -> Value {
+#[cfg(test)]
+fn status_patch(ingress: Option<&[IpAddr]>, condition: &ConditionChange) -> Value {
     service_status_patch(ingress, &[(CONDITION_TYPE, condition)])
 }
 
-/// [`status_patch`] with the change of each condition type given: every
+/// The status patch with the change of each condition type given: every
 /// `Set` and `Remove` goes into one `status.conditions` list, merged on
 /// `type`, so a patch sets `metallb.io/AddressAssigned` and
 /// `cilium.io/IPAMRequestSatisfied` at once and leaves other types alone.
-pub fn service_status_patch(
+pub(crate) fn service_status_patch(
     ingress: Option<&[IpAddr]>,
     conditions: &[(&str, &ConditionChange)],
 ) -> Value {
@@ -178,7 +169,7 @@ pub fn service_status_patch(
 /// the cached `current` Service: nothing while the Service shows it (up to
 /// `observedGeneration` and `lastTransitionTime`, see
 /// `CiliumCondition::is_shown`), else the merged condition.
-pub fn cilium_condition_change(
+pub(crate) fn cilium_condition_change(
     current: Option<&Service>,
     wanted: &CiliumConditionChange,
     now: &Time,
@@ -217,7 +208,7 @@ fn cilium_shown(service: &Service, wanted: &CiliumConditionChange) -> bool {
 /// What the status patch must do to our condition for `wanted`, given the
 /// cached `current` Service: `lastTransitionTime` kept while the status is
 /// unchanged, else `now` ([`ServiceCondition::merge_into`]).
-pub fn condition_change(
+pub(crate) fn condition_change(
     current: Option<&Service>,
     wanted: Option<&ServiceCondition>,
     now: &Time,
@@ -260,7 +251,7 @@ impl KubeClient {
     /// `event_errors` and the ones not yet published in `backlog`. Starts
     /// the Event task on the current runtime; it ends once the client is
     /// dropped and the queue is drained.
-    pub fn new(
+    pub(crate) fn new(
         client: kube::Client,
         store: KubeStore,
         gate: LeaderGate,
@@ -301,7 +292,7 @@ impl KubeClient {
 
     /// Sends one patch, trying again after a 409 Conflict: of the object a
     /// merge patch, of its status a strategic merge patch (see
-    /// [`status_patch`]).
+    /// `service_status_patch`).
     async fn patch(
         &self,
         api: &Api<Service>,

@@ -20,15 +20,15 @@ use crate::client::FIELD_MANAGER;
 use crate::lease::LeaderGate;
 
 /// The API group and version of `ConfigurationState`.
-pub const API_VERSION: &str = "metallb.io/v1beta1";
+pub(crate) const API_VERSION: &str = "metallb.io/v1beta1";
 /// The resource's plural, as discovery lists it.
-pub const PLURAL: &str = "configurationstates";
+pub(crate) const PLURAL: &str = "configurationstates";
 /// The name MetalLB's controller gives its `ConfigurationState`.
-pub const NAME: &str = "controller";
+pub(crate) const NAME: &str = "controller";
 /// The label MetalLB puts on it.
-pub const COMPONENT_LABEL: &str = "metallb.io/component-type";
+pub(crate) const COMPONENT_LABEL: &str = "metallb.io/component-type";
 /// The condition type of MetalLB's pool reconciler.
-pub const CONDITION_TYPE: &str = "poolReconcilerValid";
+pub(crate) const CONDITION_TYPE: &str = "poolReconcilerValid";
 
 fn resource() -> ApiResource {
     ApiResource {
@@ -42,7 +42,7 @@ fn resource() -> ApiResource {
 
 /// `status.result` and `status.errorSummary` (empty when valid).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     pub result: String,
     pub error_summary: String,
 }
@@ -51,7 +51,7 @@ impl Verdict {
     /// The verdict on these rejected pools (name, reason): MetalLB's
     /// object speaks of `IPAddressPool`s only, so Cilium pools are left
     /// out (their conditions speak for them, docs/cilium.md §2.8).
-    pub fn of(rejected: &[allocator::RejectedPool]) -> Self {
+    pub(crate) fn of(rejected: &[allocator::RejectedPool]) -> Self {
         let lines: Vec<String> = rejected
             .iter()
             .filter(|pool| pool.kind == allocator::PoolKind::IPAddressPool)
@@ -79,7 +79,7 @@ impl Verdict {
     }
 
     /// The merge patch of the status subresource that shows this verdict.
-    pub fn status_patch(&self, now: &str) -> Value {
+    pub(crate) fn status_patch(&self, now: &str) -> Value {
         let valid = self.error_summary.is_empty();
         let summary = (!valid).then_some(self.error_summary.as_str());
         json!({"status": {
@@ -105,7 +105,7 @@ enum Served {
 }
 
 /// Writes the `ConfigurationState` for one leadership term.
-pub struct ConfigStateWriter {
+pub(crate) struct ConfigStateWriter {
     client: kube::Client,
     namespace: String,
     gate: LeaderGate,
@@ -127,7 +127,7 @@ impl std::fmt::Debug for ConfigStateWriter {
 impl ConfigStateWriter {
     /// A writer of the `ConfigurationState` in `namespace`, allowed to
     /// write while `gate` is open.
-    pub fn new(client: kube::Client, namespace: String, gate: LeaderGate) -> Self {
+    pub(crate) fn new(client: kube::Client, namespace: String, gate: LeaderGate) -> Self {
         Self {
             client,
             namespace,
@@ -139,7 +139,7 @@ impl ConfigStateWriter {
 
     /// Brings the object up to date with `controller`'s rejected pools;
     /// returns whether its status was written.
-    pub async fn update(&mut self, controller: &AllocatingController) -> bool {
+    pub(crate) async fn update(&mut self, controller: &AllocatingController) -> bool {
         if !self.gate.is_open() || !self.served().await {
             return false;
         }

@@ -46,7 +46,7 @@ use crate::watch::{creation_order, Converting, Driver, SyncTracker};
 /// The kinds whose initial list must complete before the manager is synced.
 /// `CiliumLoadBalancerIPPool` counts as listed at once when discovery finds
 /// its CRD not served (see [`crate::cilium`]).
-pub const KINDS: [&str; 4] = ["Namespace", "IPAddressPool", cilium::KIND, "Service"];
+pub(crate) const KINDS: [&str; 4] = ["Namespace", "IPAddressPool", cilium::KIND, "Service"];
 
 /// How a [`Host`] runs.
 #[derive(Clone, Debug)]

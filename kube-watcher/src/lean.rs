@@ -32,7 +32,7 @@ use crate::cilium::CiliumPoolResource;
 use crate::crd::IPAddressPoolResource;
 
 /// The annotation prefixes a Service is read under.
-pub const KEPT_ANNOTATION_PREFIXES: [&str; 2] = ["metallb.io/", "metallb.universe.tf/"];
+pub(crate) const KEPT_ANNOTATION_PREFIXES: [&str; 2] = ["metallb.io/", "metallb.universe.tf/"];
 
 /// The identity, order and selection fields of `metadata`, and its
 /// annotations filtered by `keep`.
@@ -58,7 +58,7 @@ fn lean_metadata(metadata: &mut ObjectMeta, keep: impl Fn(&str) -> bool) {
 }
 
 /// Trims `service` to what the rules read.
-pub fn service(service: &mut Service) {
+pub(crate) fn service(service: &mut Service) {
     lean_metadata(&mut service.metadata, |key| {
         KEPT_ANNOTATION_PREFIXES
             .iter()
@@ -98,20 +98,20 @@ pub fn service(service: &mut Service) {
 }
 
 /// Trims `namespace` to its identity and labels.
-pub fn namespace(namespace: &mut Namespace) {
+pub(crate) fn namespace(namespace: &mut Namespace) {
     lean_metadata(&mut namespace.metadata, |_| false);
     namespace.spec = None;
     namespace.status = None;
 }
 
 /// Drops a pool's `managedFields` and annotations.
-pub fn pool(pool: &mut IPAddressPoolResource) {
+pub(crate) fn pool(pool: &mut IPAddressPoolResource) {
     lean_metadata(&mut pool.metadata, |_| false);
 }
 
 /// Drops a Cilium pool's `managedFields` and annotations; its status stays
 /// whole (its conditions are read-modify-written, docs/cilium.md §2.8).
-pub fn cilium_pool(pool: &mut CiliumPoolResource) {
+pub(crate) fn cilium_pool(pool: &mut CiliumPoolResource) {
     lean_metadata(&mut pool.metadata, |_| false);
 }
 

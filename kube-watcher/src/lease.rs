@@ -165,7 +165,7 @@ impl LeaseErrorCounts {
 }
 
 /// How often a WARN is repeated for one reason while it persists.
-pub const LEASE_WARN_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const LEASE_WARN_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Reads and writes one Lease object.
 #[async_trait]
@@ -190,7 +190,7 @@ pub trait LeaseBackend: Send + Sync + 'static {
 
 /// [`LeaseBackend`] over the Kubernetes API.
 #[derive(Clone)]
-pub struct KubeLease {
+pub(crate) struct KubeLease {
     api: Api<Lease>,
     namespace: String,
     name: String,
@@ -206,7 +206,7 @@ impl std::fmt::Debug for KubeLease {
 
 impl KubeLease {
     /// The Lease `name` in `namespace`.
-    pub fn new(client: kube::Client, namespace: &str, name: &str) -> Self {
+    pub(crate) fn new(client: kube::Client, namespace: &str, name: &str) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_owned(),

@@ -45,23 +45,23 @@ use crate::lease::LeaderGate;
 use crate::store::KubeStore;
 
 /// How often pool statuses are brought up to date.
-pub const POOL_STATUS_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const POOL_STATUS_PERIOD: Duration = Duration::from_secs(1);
 
 /// The type of a pool's condition.
-pub const ACCEPTED: &str = "Accepted";
+pub(crate) const ACCEPTED: &str = "Accepted";
 
 /// The reasons of the `Accepted` condition and of the pool's Events.
-pub mod reason {
+pub(crate) mod reason {
     /// `Accepted` True.
-    pub const ACCEPTED: &str = "Accepted";
+    pub(crate) const ACCEPTED: &str = "Accepted";
     /// `Accepted` False: the pool itself is invalid.
-    pub const INVALID: &str = "Invalid";
+    pub(crate) const INVALID: &str = "Invalid";
     /// `Accepted` False: it overlaps a pool accepted before it.
-    pub const OVERLAP: &str = "Overlap";
+    pub(crate) const OVERLAP: &str = "Overlap";
     /// The Warning Event of an invalid pool.
-    pub const INVALID_POOL: &str = "InvalidPool";
+    pub(crate) const INVALID_POOL: &str = "InvalidPool";
     /// The Warning Event of an overlapping pool.
-    pub const OVERLAPPING_POOL: &str = "OverlappingPool";
+    pub(crate) const OVERLAPPING_POOL: &str = "OverlappingPool";
 }
 
 /// The message of an accepted pool's condition.
@@ -72,7 +72,7 @@ const ACCEPTED_MESSAGE: &str = "the pool is accepted";
 /// CiliumLoadBalancerIPPool "NAME"` when the older pool is Cilium's (a
 /// pool's own entries that overlap say `in the same pool`: invalid, not an
 /// overlap).
-pub fn overlapped_pool(reason: &str) -> Option<&str> {
+pub(crate) fn overlapped_pool(reason: &str) -> Option<&str> {
     let (_, pool) = reason
         .rsplit_once(" of pool \"")
         .or_else(|| reason.rsplit_once(" of CiliumLoadBalancerIPPool \""))?;
@@ -113,29 +113,27 @@ fn accepted_condition(
 }
 
 /// Cilium's pool condition types, reasons and statuses (docs/cilium.md §2.8).
-pub mod cilium_condition {
+pub(crate) mod cilium_condition {
     /// Every address of every block, reserved ends included.
-    pub const IPS_TOTAL: &str = "cilium.io/IPsTotal";
+    pub(crate) const IPS_TOTAL: &str = "cilium.io/IPsTotal";
     /// Total minus used.
-    pub const IPS_AVAILABLE: &str = "cilium.io/IPsAvailable";
+    pub(crate) const IPS_AVAILABLE: &str = "cilium.io/IPsAvailable";
     /// Distinct held addresses plus reserved ends.
-    pub const IPS_USED: &str = "cilium.io/IPsUsed";
+    pub(crate) const IPS_USED: &str = "cilium.io/IPsUsed";
     /// Whether the pool overlaps an older one (or itself).
-    pub const POOL_CONFLICT: &str = "cilium.io/PoolConflict";
-    /// The four, in the order a new list gets them.
-    pub const TYPES: [&str; 4] = [IPS_TOTAL, IPS_AVAILABLE, IPS_USED, POOL_CONFLICT];
+    pub(crate) const POOL_CONFLICT: &str = "cilium.io/PoolConflict";
     /// The reason of the three counts.
-    pub const NO_REASON: &str = "noreason";
+    pub(crate) const NO_REASON: &str = "noreason";
     /// `PoolConflict` True.
-    pub const CIDR_OVERLAP: &str = "cidr_overlap";
+    pub(crate) const CIDR_OVERLAP: &str = "cidr_overlap";
     /// `PoolConflict` False.
-    pub const RESOLVED: &str = "resolved";
+    pub(crate) const RESOLVED: &str = "resolved";
 }
 
 /// What Cilium's four conditions of one pool say: the counts as exact
 /// decimals, and the conflict message (`None`: no conflict).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CiliumPoolState {
+pub(crate) struct CiliumPoolState {
     pub total: String,
     pub available: String,
     pub used: String,
@@ -146,7 +144,7 @@ pub struct CiliumPoolState {
 
 impl CiliumPoolState {
     /// The state of an accepted pool with these counters.
-    pub fn accepted(stats: &PoolStats, generation: Option<i64>) -> Self {
+    pub(crate) fn accepted(stats: &PoolStats, generation: Option<i64>) -> Self {
         let counts = stats.cilium_counts();
         Self {
             total: counts.total.to_string(),
@@ -161,7 +159,7 @@ impl CiliumPoolState {
     /// its used count is its reserved ends. Its blocks are counted one by
     /// one (a pool whose blocks overlap each other does not parse whole);
     /// a block that does not parse counts nothing.
-    pub fn conflicting(pool: &CiliumPoolResource, message: String) -> Self {
+    pub(crate) fn conflicting(pool: &CiliumPoolResource, message: String) -> Self {
         let mut stats = PoolStats {
             name: pool.metadata.name.clone().unwrap_or_default(),
             kind: PoolKind::CiliumLoadBalancerIPPool,
@@ -210,7 +208,7 @@ impl CiliumPoolState {
     /// Whether `conditions` (a pool's `status.conditions`) show this state:
     /// each of the four with this status, reason, message and
     /// observedGeneration (Cilium's rule for rewriting one).
-    pub fn is_shown_in(&self, conditions: &[Value]) -> bool {
+    pub(crate) fn is_shown_in(&self, conditions: &[Value]) -> bool {
         self.wanted()
             .iter()
             .all(|(type_, status, reason, message)| {
@@ -228,7 +226,7 @@ impl CiliumPoolState {
     /// types kept where they are, ours replaced in place or appended; a
     /// condition's `lastTransitionTime` kept while its status is unchanged,
     /// else `now` (as `meta.SetStatusCondition`).
-    pub fn merged_into(&self, conditions: &[Value], now: &str) -> Vec<Value> {
+    pub(crate) fn merged_into(&self, conditions: &[Value], now: &str) -> Vec<Value> {
         let mut merged: Vec<Value> = conditions.to_vec();
         for (type_, status, reason, message) in self.wanted() {
             let since = find(conditions, type_)
@@ -286,7 +284,7 @@ fn shown_conditions(pool: &CiliumPoolResource) -> Vec<Value> {
 }
 
 /// Writes pool statuses and pool Events for one leadership term.
-pub struct PoolStatusWriter {
+pub(crate) struct PoolStatusWriter {
     client: kube::Client,
     store: KubeStore,
     gate: LeaderGate,
@@ -317,7 +315,7 @@ impl std::fmt::Debug for PoolStatusWriter {
 impl PoolStatusWriter {
     /// A writer through `client`, reading pool objects from `store`,
     /// allowed to write while `gate` is open; its Events name `reporter`.
-    pub fn new(
+    pub(crate) fn new(
         client: kube::Client,
         store: KubeStore,
         gate: LeaderGate,
@@ -339,7 +337,7 @@ impl PoolStatusWriter {
     /// Also writes the conditions of Cilium pools, once `version` says at
     /// which version they are served.
     #[must_use]
-    pub fn cilium_version(mut self, version: ServedVersion) -> Self {
+    pub(crate) fn cilium_version(mut self, version: ServedVersion) -> Self {
         self.cilium_version = Some(version);
         self
     }
@@ -347,7 +345,7 @@ impl PoolStatusWriter {
     /// Also writes MetalLB's `ConfigurationState` in `namespace` (where its
     /// CRD exists).
     #[must_use]
-    pub fn configuration_state(mut self, namespace: String) -> Self {
+    pub(crate) fn configuration_state(mut self, namespace: String) -> Self {
         self.config_state = Some(ConfigStateWriter::new(
             self.client.clone(),
             namespace,
@@ -360,7 +358,7 @@ impl PoolStatusWriter {
     /// zeros) whose status differs from its object's (and from what this
     /// writer last wrote), and warns about each rejection not warned about
     /// yet; returns how many statuses were written.
-    pub async fn update(&mut self, controller: &AllocatingController) -> usize {
+    pub(crate) async fn update(&mut self, controller: &AllocatingController) -> usize {
         let now = k8s_openapi::jiff::Timestamp::now()
             .strftime("%Y-%m-%dT%H:%M:%SZ")
             .to_string();
@@ -667,7 +665,7 @@ impl PoolStatusWriter {
     }
 
     /// Updates every `period` until `cancel` fires.
-    pub async fn run(
+    pub(crate) async fn run(
         mut self,
         controller: std::sync::Arc<AllocatingController>,
         period: Duration,

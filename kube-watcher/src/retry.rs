@@ -69,7 +69,7 @@ fn jitter() -> f64 {
 
 /// Whether `error` is a watch ending as watches routinely do: `410 Gone`
 /// (the resourceVersion is too old: relist) or a timeout.
-pub fn is_routine(error: &watcher::Error) -> bool {
+pub(crate) fn is_routine(error: &watcher::Error) -> bool {
     let client_error = match error {
         watcher::Error::WatchError(status) => return status.code == 410,
         watcher::Error::InitialListFailed(error)
@@ -199,7 +199,7 @@ impl Retry {
 
 /// `stream` with its errors passed through (and logged), and the next poll
 /// after each delayed by the backoff (see the module documentation).
-pub fn with_backoff<K, St>(
+pub(crate) fn with_backoff<K, St>(
     stream: St,
     kind: &'static str,
     config: WatchBackoff,

@@ -36,7 +36,7 @@ use tokio::sync::watch;
 
 /// The order objects are delivered in after a list: creation time, then
 /// namespace and name.
-pub fn creation_order<K: Resource>(
+pub(crate) fn creation_order<K: Resource>(
     object: &K,
 ) -> (Option<k8s_openapi::jiff::Timestamp>, String, String) {
     let metadata = object.meta();
@@ -51,14 +51,14 @@ pub fn creation_order<K: Resource>(
 /// converted on its way in (a CRD's kube type to the object type the chains
 /// and the manager take, see `crd::to_subscriber`). Kinds watched as the
 /// type the manager takes need no conversion: their chain is the handler.
-pub struct Converting<K, T, H> {
+pub(crate) struct Converting<K, T, H> {
     handler: H,
     convert: fn(&K) -> T,
 }
 
 impl<K, T, H> Converting<K, T, H> {
     /// Hands `handler` every object after `convert`.
-    pub fn new(handler: H, convert: fn(&K) -> T) -> Self {
+    pub(crate) fn new(handler: H, convert: fn(&K) -> T) -> Self {
         Self { handler, convert }
     }
 }
