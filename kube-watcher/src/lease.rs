@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 /// A lease operation that failed.
 #[derive(Debug, thiserror::Error)]
-pub enum LeaseError {
+pub(crate) enum LeaseError {
     /// Another replica wrote the Lease first (HTTP 409).
     #[error("the lease changed under the write")]
     Conflict,
@@ -125,7 +125,7 @@ impl LeaseErrorReason {
 
 impl LeaseError {
     /// The metric reason of this error.
-    pub fn reason(&self) -> LeaseErrorReason {
+    pub(crate) fn reason(&self) -> LeaseErrorReason {
         match self {
             LeaseError::Conflict => LeaseErrorReason::Conflict,
             LeaseError::Timeout => LeaseErrorReason::Timeout,
@@ -169,7 +169,7 @@ pub(crate) const LEASE_WARN_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Reads and writes one Lease object.
 #[async_trait]
-pub trait LeaseBackend: Send + Sync + 'static {
+pub(crate) trait LeaseBackend: Send + Sync + 'static {
     /// The Lease as `namespace/name`, for logs.
     fn describe(&self) -> String {
         "the lease".to_owned()
@@ -291,20 +291,13 @@ impl LeaseConfig {
 /// Whether this replica may write now. Cheap to clone; every clone is the
 /// same gate.
 #[derive(Clone, Debug, Default)]
-pub struct LeaderGate {
+pub(crate) struct LeaderGate {
     open_until: Arc<Mutex<Option<Instant>>>,
 }
 
 impl LeaderGate {
-    /// A gate that is always open (for a host without leader election).
-    pub fn always_open() -> Self {
-        let gate = Self::default();
-        gate.open_until(Instant::now() + Duration::from_secs(100 * 365 * 86_400));
-        gate
-    }
-
     /// Whether writes are allowed at this instant.
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         self.lock().is_some_and(|until| Instant::now() < until)
     }
 
@@ -338,7 +331,7 @@ struct Observed {
 }
 
 /// Runs the election for one replica; see the module documentation.
-pub struct LeaderElector<B> {
+pub(crate) struct LeaderElector<B> {
     backend: B,
     config: LeaseConfig,
     gate: LeaderGate,
@@ -362,7 +355,7 @@ impl<B> std::fmt::Debug for LeaderElector<B> {
 
 impl<B: LeaseBackend> LeaderElector<B> {
     /// An elector on `backend`; nothing happens until [`run`](Self::run).
-    pub fn new(backend: B, config: LeaseConfig) -> Self {
+    pub(crate) fn new(backend: B, config: LeaseConfig) -> Self {
         Self {
             backend,
             config,
@@ -377,14 +370,9 @@ impl<B: LeaseBackend> LeaderElector<B> {
 
     /// Counts failed requests into `errors` (the host's metrics).
     #[must_use]
-    pub fn counting(mut self, errors: LeaseErrorCounts) -> Self {
+    pub(crate) fn counting(mut self, errors: LeaseErrorCounts) -> Self {
         self.errors = errors;
         self
-    }
-
-    /// The failed requests counted so far.
-    pub fn errors(&self) -> LeaseErrorCounts {
-        self.errors.clone()
     }
 
     /// Counts `error` and logs it: WARN with what to check, at most once per
@@ -439,18 +427,18 @@ impl<B: LeaseBackend> LeaderElector<B> {
     }
 
     /// The gate the writers check.
-    pub fn gate(&self) -> LeaderGate {
+    pub(crate) fn gate(&self) -> LeaderGate {
         self.gate.clone()
     }
 
     /// Tells whether this replica leads; changes as soon as it does.
-    pub fn subscribe(&self) -> watch::Receiver<bool> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
         self.leader.subscribe()
     }
 
     /// Acquires, renews, and on losing the Lease tries again, until `cancel`
     /// fires; then gives the Lease up if it holds it.
-    pub async fn run(mut self, cancel: CancellationToken) {
+    pub(crate) async fn run(mut self, cancel: CancellationToken) {
         loop {
             if !self.acquire(&cancel).await {
                 break;
@@ -876,17 +864,5 @@ mod tests {
         assert!(!a.gate.is_open());
         memory.down.store(false, Ordering::SeqCst);
         wait_for(&mut a.leader, true).await;
-    }
-
-    #[test]
-    fn always_open_gate_is_open() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            assert!(LeaderGate::always_open().is_open());
-            assert!(!LeaderGate::default().is_open());
-        });
     }
 }

@@ -2,7 +2,7 @@
 //! talks to the Kubernetes API, and no allocation logic:
 //!
 //! - `watch`: kube-runtime watchers whose reflector stores are the
-//!   manager's shared cache ([`KubeStore`]), and a [`Driver`] per kind that
+//!   manager's shared cache ([`KubeStore`]), and a `Driver` per kind that
 //!   turns watch events, relists included, into subscriber chain calls; the
 //!   initial lists of Services, `IPAddressPool`s, Namespaces and (when
 //!   served) `CiliumLoadBalancerIPPool`s end with the manager marked synced.
@@ -50,8 +50,8 @@ pub(crate) mod watch;
 
 pub use crd::{IPAddressPoolResource, IPAddressPoolStatus, PoolSpec};
 pub use host::{Host, HostConfig};
-pub use lease::{LeaderElector, LeaderGate, LeaseConfig};
+pub use lease::LeaseConfig;
 pub use metrics::Metrics;
 pub use retry::WatchBackoff;
 pub use store::KubeStore;
-pub use watch::{Driver, SyncTracker};
+pub use watch::SyncTracker;

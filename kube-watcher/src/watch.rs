@@ -137,7 +137,7 @@ impl SyncTracker {
 
 /// What [`Driver::handle`] did with one event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Handled {
+pub(crate) enum Handled {
     /// Store written, handlers called.
     Delivered,
     /// Buffered until `InitDone`.
@@ -147,7 +147,7 @@ pub enum Handled {
 }
 
 /// Applies one kind's watch events to its store and its sink.
-pub struct Driver<K>
+pub(crate) struct Driver<K>
 where
     K: Resource + Clone + 'static,
     K::DynamicType: Eq + Hash + Clone,
@@ -178,7 +178,7 @@ where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
     /// A driver for `kind` that writes into `writer`.
-    pub fn new(kind: &'static str, writer: Writer<K>) -> Self {
+    pub(crate) fn new(kind: &'static str, writer: Writer<K>) -> Self {
         let reader = writer.as_reader();
         Self {
             kind,
@@ -192,7 +192,7 @@ where
     /// Bumps `changed` after every event that changed the store (see
     /// `KubeStore::wait_for_service`).
     #[must_use]
-    pub fn notifying(mut self, changed: watch::Sender<u64>) -> Self {
+    pub(crate) fn notifying(mut self, changed: watch::Sender<u64>) -> Self {
         self.changed = Some(changed);
         self
     }
@@ -204,18 +204,18 @@ where
     }
 
     /// The kind this driver handles.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         self.kind
     }
 
     /// A reader of the store this driver writes.
-    pub fn reader(&self) -> Store<K> {
+    pub(crate) fn reader(&self) -> Store<K> {
         self.reader.clone()
     }
 
     /// Applies `event` to the store, then delivers it to `sink`. A handler's
     /// error is logged; the store stays as the event says.
-    pub async fn handle<S: Handler<K> + ?Sized>(
+    pub(crate) async fn handle<S: Handler<K> + ?Sized>(
         &mut self,
         event: watcher::Event<K>,
         sink: &S,
@@ -320,7 +320,7 @@ where
     /// [`handle`](Driver::handle), the first completed list marked on
     /// `synced`. Watch errors are skipped: the stream logs and retries them
     /// (see [`crate::retry`]).
-    pub async fn run<St, S>(&mut self, stream: St, sink: &S, synced: &SyncTracker)
+    pub(crate) async fn run<St, S>(&mut self, stream: St, sink: &S, synced: &SyncTracker)
     where
         St: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
         S: Handler<K> + ?Sized,
