@@ -1,6 +1,6 @@
 //! The plugin's engine: [`Manager`] queues Service, pool and Namespace keys
-//! from the subscriber traits and one worker reconciles them through a
-//! [`Controller`]; [`AllocatingController`] applies docs/allocation.md §4 on the
+//! from the subscriber traits and one worker reconciles them through an
+//! [`AllocatingController`], which applies docs/allocation.md §4 on the
 //! `allocator` crate and writes through a [`Client`].
 //!
 //! Start with [`Manager::new`], register it on a `subscriber` chain, call
@@ -20,9 +20,8 @@ pub use client::{
     ServiceCondition, ServiceWrite, CILIUM_CONDITION_TYPE, CONDITION_TYPE, POOL_ANNOTATION,
 };
 pub use controller::{
-    reason, AllocatingController, Asks, Controller, ControllerConfig, ControllerStats, Explanation,
-    Judgement, NotHandled, Reconsider, RestoreOutcome, ServiceHolding, SharingAcrossNamespaces,
-    Shows, SyncOutcome, SyncState, WakeOn,
+    reason, AllocatingController, Asks, ControllerConfig, ControllerStats, Explanation, Judgement,
+    NotHandled, ServiceHolding, SharingAcrossNamespaces, Shows,
 };
 pub use manager::{Manager, ManagerConfig};
 pub use store::{DashMapStore, Store};

@@ -19,7 +19,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Controller, Reconsider, RestoreOutcome, Store, SyncOutcome, SyncState, WakeOn};
+use crate::controller::{
+    Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState, WakeOn,
+};
+use crate::Store;
 
 /// The hasher of the queue's maps: keys are the cluster's own object names,
 /// so SipHash's resistance to chosen keys buys nothing here.
@@ -1027,6 +1030,7 @@ mod tests {
     use tokio::time::timeout;
 
     use super::*;
+    use crate::controller::Shortcuts;
     use crate::DashMapStore;
 
     /// Records every call as a line (with the time it came) and answers with
@@ -1111,7 +1115,9 @@ mod tests {
                 .unwrap()
                 .push(("synced".to_owned(), Instant::now()));
         }
+    }
 
+    impl Shortcuts for Fake {
         fn is_settled_update(&self, key: &str, _: &Service, _: &Service) -> bool {
             self.settled_updates.lock().unwrap().contains(key)
         }

@@ -26,7 +26,9 @@ use super::service::{
     is_ours, parse_status, pool_annotation, same_but_written, status_ip_strings, status_shows,
     status_texts, ServiceView, SharingAcrossNamespaces, NO_LABELS,
 };
-use super::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState, WakeOn};
+use super::{
+    Controller, Reconsider, RestoreOutcome, Shortcuts, SyncOutcome, SyncState, WakeOn,
+};
 use crate::client::{
     CiliumCondition, CiliumConditionChange, Client, Event, EventType, ServiceCondition,
     ServiceWrite,
@@ -55,11 +57,13 @@ pub struct ControllerConfig {
     /// Handle only Services of this `spec.loadBalancerClass`; `None`: only
     /// Services without a class.
     pub lb_class: Option<String>,
-    /// Reconcile settled Services too: queue every update, and every Service
-    /// in the second pass after sync or a pool or Namespace change, as
-    /// MetalLB does. Same result, more work: for the tests that prove the
-    /// shortcuts change nothing (see [`RestoreOutcome::Settled`] and
-    /// [`Controller::is_settled_update`]).
+    /// Take none of the manager's speed shortcuts, as MetalLB does: queue
+    /// every update (no settled echo), restore every Service after a pool
+    /// change (not only those it touched), reconcile every Service in the
+    /// second pass after sync or a change (none left out as settled), and
+    /// wake every waiting Service at every release (no waiting classes, no
+    /// wake by what was freed). Same result, more work: for the tests that
+    /// prove the shortcuts change nothing.
     pub exhaustive: bool,
     /// Write no `metallb.io/AddressAssigned` condition (and leave what the
     /// Services show): only for the benchmark that measures what writing
@@ -512,7 +516,7 @@ impl AllocatingController {
             after: after.as_ref(),
             sharing_before,
         };
-        let outcome = sync_outcome(
+        let mut outcome = sync_outcome(
             &state.allocator,
             key,
             &view,
@@ -520,6 +524,11 @@ impl AllocatingController {
             &decision.outcome,
             &changed,
         );
+        if self.config.exhaustive {
+            // Every waiting Service alone, woken by every release.
+            outcome.waiting_class = None;
+            outcome.wake_on = None;
+        }
         Plan {
             write,
             events,
@@ -1221,6 +1230,47 @@ fn clear_event(status: &[String], reason: &str) -> Event {
     )
 }
 
+impl Shortcuts for AllocatingController {
+    /// The echo of our own write (or any update that leaves what we read as
+    /// it was and shows what we hold) changes nothing, if what it shows may
+    /// be kept: what the last reconciliation left is not always allowed
+    /// (a PreferDualStack Service completed with a family its requested
+    /// addresses do not name is released by the next one).
+    fn is_settled_update(&self, key: &str, old: &Service, new: &Service) -> bool {
+        if self.config.exhaustive
+            || !is_ours(new, self.config.lb_class.as_deref())
+            || !same_but_written(old, new)
+        {
+            return false;
+        }
+        let view = ServiceView::new(new, self.config.sharing_across_namespaces);
+        let (Some(families), Ok(requested)) = (view.families, view.requested.as_deref()) else {
+            return false;
+        };
+        let namespace = self.store.namespace(view.namespace);
+        let request = view.request(key, families, labels_of(&namespace), requested);
+        let state = self.lock();
+        state.shows_holding(
+            key,
+            new,
+            families,
+            requested,
+            !self.config.without_conditions,
+            self.cilium_active(&state),
+        ) && state
+            .allocator
+            .held(key)
+            .is_some_and(|(_, ips)| state.allocator.can_keep(&request, ips).is_ok())
+    }
+
+    fn touched_by_change(&self) -> Option<Vec<String>> {
+        if self.config.exhaustive {
+            return None;
+        }
+        self.lock().touched.clone()
+    }
+}
+
 #[async_trait]
 impl Controller for AllocatingController {
     async fn set_balancer(&self, key: &str, service: Option<&Service>) -> SyncOutcome {
@@ -1312,38 +1362,6 @@ impl Controller for AllocatingController {
         outcome
     }
 
-    /// The echo of our own write (or any update that leaves what we read as
-    /// it was and shows what we hold) changes nothing, if what it shows may
-    /// be kept: what the last reconciliation left is not always allowed
-    /// (a PreferDualStack Service completed with a family its requested
-    /// addresses do not name is released by the next one).
-    fn is_settled_update(&self, key: &str, old: &Service, new: &Service) -> bool {
-        if self.config.exhaustive
-            || !is_ours(new, self.config.lb_class.as_deref())
-            || !same_but_written(old, new)
-        {
-            return false;
-        }
-        let view = ServiceView::new(new, self.config.sharing_across_namespaces);
-        let (Some(families), Ok(requested)) = (view.families, view.requested.as_deref()) else {
-            return false;
-        };
-        let namespace = self.store.namespace(view.namespace);
-        let request = view.request(key, families, labels_of(&namespace), requested);
-        let state = self.lock();
-        state.shows_holding(
-            key,
-            new,
-            families,
-            requested,
-            !self.config.without_conditions,
-            self.cilium_active(&state),
-        ) && state
-            .allocator
-            .held(key)
-            .is_some_and(|(_, ips)| state.allocator.can_keep(&request, ips).is_ok())
-    }
-
     async fn restore(&self, key: &str, service: &Service) -> RestoreOutcome {
         self.restores.fetch_add(1, Ordering::Relaxed);
         let (outcome, clear) = {
@@ -1365,12 +1383,6 @@ impl Controller for AllocatingController {
         info!(pools = state.allocator.pool_stats().len(), "synced");
     }
 
-    fn touched_by_change(&self) -> Option<Vec<String>> {
-        if self.config.exhaustive {
-            return None;
-        }
-        self.lock().touched.clone()
-    }
 }
 
 #[cfg(test)]

@@ -124,8 +124,13 @@ pub enum RestoreOutcome {
 
 /// The decision-maker the manager drives, one key at a time (modelled on the
 /// controller interface Cilium's BGP manager called on MetalLB).
+///
+/// Not part of the crate's public surface: it is `pub` only inside this
+/// private module, so a host names [`crate::Manager`] with
+/// [`AllocatingController`] and cannot implement it (nor its
+/// [`Shortcuts`]).
 #[async_trait]
-pub trait Controller: Send + Sync + 'static {
+pub trait Controller: Shortcuts + Send + Sync + 'static {
     /// Reconciles the Service `key`; `None` when it is deleted.
     async fn set_balancer(&self, key: &str, service: Option<&Service>) -> SyncOutcome;
     /// Applies a pool change; `None` when the pool is deleted.
@@ -147,6 +152,19 @@ pub trait Controller: Send + Sync + 'static {
     /// allowed, release them (with `ClearAssignment`) if not; hand out
     /// nothing, write no status.
     async fn restore(&self, key: &str, service: &Service) -> RestoreOutcome;
+    /// The host's initial list is complete; called after the restore pass.
+    fn mark_synced(&self);
+}
+
+/// The manager's speed shortcuts: questions whose answer only lets the
+/// manager skip work that would change nothing. Each is off with
+/// [`ControllerConfig::exhaustive`] (as are [`RestoreOutcome::Settled`] and
+/// a waiting Service's [`SyncOutcome::waiting_class`] and
+/// [`SyncOutcome::wake_on`]), and the property test
+/// `skipping_settled_services_changes_nothing` (fake-watcher) with the
+/// manager's `exhaustive_*` tests shows the result is the same with or
+/// without them.
+pub trait Shortcuts {
     /// Whether the update of the Service `key` from `old` to `new` can
     /// change nothing this controller decides, so the manager need not
     /// queue it: typically the echo of the controller's own status write.
@@ -155,8 +173,6 @@ pub trait Controller: Send + Sync + 'static {
         let _ = (key, old, new);
         false
     }
-    /// The host's initial list is complete; called after the restore pass.
-    fn mark_synced(&self);
     /// For the first pass after a pool change: the Services the change
     /// may have touched (those it released, those holding addresses in the
     /// pools it changed, those with something pending), or `None` for
