@@ -1276,3 +1276,114 @@ mod takeover {
         assert_eq!(again.take(), Vec::<Record>::new());
     }
 }
+
+// ----- the speed shortcuts change nothing (ControllerConfig::exhaustive) -----
+
+mod shortcuts {
+    use super::*;
+
+    /// What one step left: its writes and Events, every Service's
+    /// addresses and Cilium condition.
+    type Step = (Vec<Record>, Vec<String>);
+
+    const KEYS: [&str; 8] = [
+        "ns/a", "ns/b", "ns/c", "ns/d", "ns/e", "ns/f", "ns/g", "ns/h",
+    ];
+
+    fn step(h: &Harness) -> Step {
+        let shown = KEYS
+            .iter()
+            .filter(|key| h.store.services.contains_key(**key))
+            .map(|key| format!("{key}: {} / {}", h.ips(key), h.cilium(key)))
+            .collect();
+        (h.take(), shown)
+    }
+
+    fn with_status(svc: Svc, ip: &str) -> Svc {
+        svc.set(
+            &["status", "loadBalancer", "ingress"],
+            json!([{ "ip": ip }]),
+        )
+    }
+
+    /// Cilium pools and keys through every shortcut: Services kept at sync
+    /// (settled in the second pass), echoes of our writes, Services
+    /// waiting in one demand class woken by a delete, pool changes that
+    /// touch only some holders, a pool deleted under its holders, a
+    /// sharing key moved.
+    async fn cilium_steps(config: ControllerConfig) -> (Vec<Step>, u64) {
+        let h = Harness::unsynced(config);
+        let mut steps = Vec::new();
+        h.cilium_pool("c", blocks(&["10.0.10.0/30"])).await;
+        h.add(with_status(svc("ns/a"), "10.0.10.1")).await;
+        h.add(with_status(
+            svc("ns/b").cilium_key("k").port(80),
+            "10.0.10.2",
+        ))
+        .await;
+        h.add(with_status(svc("ns/c"), "10.0.99.9")).await;
+        h.sync().await;
+        steps.push(step(&h));
+        for key in ["ns/d", "ns/e", "ns/f", "ns/g"] {
+            h.add(svc(key)).await;
+            steps.push(step(&h));
+        }
+        h.add(svc("ns/h").cilium_key("k").port(81)).await;
+        steps.push(step(&h));
+        h.edit("ns/a", |s| s.label("tier", "front")).await;
+        steps.push(step(&h));
+        h.delete("ns/a").await;
+        steps.push(step(&h));
+        h.cilium_pool("d", blocks(&["10.0.12.0/31"])).await;
+        steps.push(step(&h));
+        h.cilium_pool("c", blocks(&["10.0.10.0/30", "10.0.11.0/31"]))
+            .await;
+        steps.push(step(&h));
+        h.edit("ns/h", |s| s.cilium_key("other")).await;
+        steps.push(step(&h));
+        h.delete_cilium_pool("d").await;
+        steps.push(step(&h));
+        h.pool("m", addrs(&["10.0.20.0/31"])).await;
+        steps.push(step(&h));
+        h.delete("ns/b").await;
+        steps.push(step(&h));
+        h.delete_cilium_pool("c").await;
+        steps.push(step(&h));
+        (steps, h.controller.stats().reconciliations)
+    }
+
+    #[tokio::test]
+    async fn cilium_pools_and_keys_give_the_same_result_without_shortcuts() {
+        let (fast, fast_work) = cilium_steps(ControllerConfig::default()).await;
+        let exhaustive = ControllerConfig {
+            exhaustive: true,
+            ..ControllerConfig::default()
+        };
+        let (full, full_work) = cilium_steps(exhaustive).await;
+        for (i, (a, b)) in fast.iter().zip(&full).enumerate() {
+            assert_eq!(
+                a, b,
+                "step {i} differs (left: shortcuts, right: exhaustive)"
+            );
+        }
+        assert_eq!(fast.len(), full.len());
+        // The scenario takes shortcuts, and some Service waited and got
+        // an address later.
+        assert!(fast_work < full_work, "{fast_work} vs {full_work}");
+        let waited = |key: &str| {
+            let waiting = format!("{key}:  / False out_of_ips");
+            let served = format!("{key}: 10.");
+            fast.iter()
+                .position(|(_, shown)| shown.iter().any(|s| s.starts_with(&waiting)))
+                .is_some_and(|from| {
+                    fast[from..]
+                        .iter()
+                        .any(|(_, shown)| shown.iter().any(|s| s.starts_with(&served)))
+                })
+        };
+        assert!(
+            KEYS.iter().filter(|key| waited(key)).count() >= 2,
+            "{fast:#?}"
+        );
+    }
+}
