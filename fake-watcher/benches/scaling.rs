@@ -1660,6 +1660,30 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         },
     },
     GrowthShape {
+        name: "cilium_pools_added",
+        what: "pools_added with CiliumLoadBalancerIPPools (cidr /30 blocks)",
+        exception: None,
+        stream: cilium_pools_added_stream,
+        expect: |n| expect_all(n / 2),
+    },
+    GrowthShape {
+        name: "cilium_fill_pool",
+        what: "fill_pool with one CiliumLoadBalancerIPPool (a start/stop block)",
+        exception: None,
+        stream: cilium_fill_pool_stream,
+        expect: expect_all,
+    },
+    GrowthShape {
+        name: "cilium_sharing_groups",
+        what: "sharing_groups with Cilium keys (lbipam.cilium.io/sharing-key) in a Cilium pool",
+        exception: None,
+        stream: cilium_sharing_groups_stream,
+        expect: |n| Expect {
+            served: n,
+            addresses: Some(n.div_ceil(SHARING_GROUP)),
+        },
+    },
+    GrowthShape {
         name: "realistic",
         what: "N Services as `kubectl get -o json` prints them (labels, annotations, managedFields, nodePorts)",
         exception: None,
@@ -1904,6 +1928,69 @@ fn fill_pool_stream(n: usize) -> Result<Vec<u8>> {
     pool_line(&mut out, "ADDED", "main", &[&format!("{}-{last}", v4(0))])?;
     for i in 0..n {
         plain_service(&mut out, i)?;
+    }
+    Ok(out)
+}
+
+/// A `CiliumLoadBalancerIPPool` line; `blocks` is the JSON array.
+fn cilium_pool_line(out: &mut Vec<u8>, name: &str, blocks: &str) -> Result<()> {
+    writeln!(
+        out,
+        r#"{{"type":"ADDED","object":{{"apiVersion":"cilium.io/v2","kind":"CiliumLoadBalancerIPPool","metadata":{{"name":"{name}"}},"spec":{{"blocks":{blocks}}}}}}}"#
+    )?;
+    Ok(())
+}
+
+/// [`pools_added_stream`] with Cilium pools: the two kinds must cost the
+/// same (one `Pool` type, two parsers).
+fn cilium_pools_added_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 200);
+    for i in 0..n / 2 {
+        let (first, _) = block(i, 4);
+        cilium_pool_line(
+            &mut out,
+            &format!("pool-{i}"),
+            &format!(r#"[{{"cidr":"{first}/30"}}]"#),
+        )?;
+    }
+    for i in 0..n / 2 {
+        plain_service(&mut out, i)?;
+    }
+    Ok(out)
+}
+
+/// [`fill_pool_stream`] with one Cilium pool.
+fn cilium_fill_pool_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 200);
+    let last = v4(u32::try_from(n).unwrap_or(1).saturating_sub(1));
+    cilium_pool_line(
+        &mut out,
+        "main",
+        &format!(r#"[{{"start":"{}","stop":"{last}"}}]"#, v4(0)),
+    )?;
+    for i in 0..n {
+        plain_service(&mut out, i)?;
+    }
+    Ok(out)
+}
+
+/// [`sharing_groups_stream`] with Cilium keys in a Cilium pool (Cilium's
+/// rule: same Namespace, no common port).
+fn cilium_sharing_groups_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 260);
+    cilium_pool_line(&mut out, "main", &format!(r#"[{{"cidr":"{POOL_V4}"}}]"#))?;
+    for i in 0..n {
+        let group = i / SHARING_GROUP;
+        let port = 8000 + i % SHARING_GROUP;
+        // One Namespace per group, so Cilium's rule lets the group share.
+        service_line(
+            &mut out,
+            "ADDED",
+            (&format!("ns-{}", group % NAMESPACES), &format!("svc-{i}")),
+            &format!(r#","annotations":{{"lbipam.cilium.io/sharing-key":"group-{group}"}}"#),
+            "",
+            &format!(r#"[{{"port":{port},"protocol":"TCP"}}]"#),
+        )?;
     }
     Ok(out)
 }
