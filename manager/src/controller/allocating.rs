@@ -21,14 +21,12 @@ use k8s_openapi::api::core::v1::{Namespace, Service};
 use subscriber::{CiliumLoadBalancerIPPool, IPAddressPool};
 use tracing::{debug, info, warn};
 
-use super::decide::{decide, incomplete, CiliumUnsatisfied, Failure, Input, Outcome};
+use super::decide::{decide, incomplete, CiliumUnsatisfied, Decision, Failure, Input, Outcome};
 use super::service::{
     is_ours, parse_status, pool_annotation, same_but_written, status_ip_strings, status_shows,
     status_texts, ServiceView, SharingAcrossNamespaces, NO_LABELS,
 };
-use super::{
-    Controller, Reconsider, RestoreOutcome, Shortcuts, SyncOutcome, SyncState, WakeOn,
-};
+use super::{Controller, Reconsider, RestoreOutcome, Shortcuts, SyncOutcome, SyncState, WakeOn};
 use crate::client::{
     CiliumCondition, CiliumConditionChange, Client, Event, EventType, ServiceCondition,
     ServiceWrite,
@@ -460,57 +458,18 @@ impl AllocatingController {
             stale_status,
         };
         let decision = decide(&mut state.allocator, &input);
-        let mut events = Vec::new();
-        if let Some(reason) = &decision.cleared {
-            if announced_clear.as_ref() != Some(&status) {
-                let cleared = decision.cleared_part.as_ref().unwrap_or(&status);
-                events.push(clear_event(cleared, reason));
-            }
-        }
-        if let Outcome::Holds {
-            given: Some(holding),
-            ..
-        } = &decision.outcome
-        {
-            events.push(allocated_event(holding));
-        }
+        let mut events = decision_events(&decision, announced_clear.as_ref(), &status);
         let warned = announce_warning(state, key, service, &decision.outcome, &mut events);
         let after = state.allocator.holding(key);
-        let condition = (!self.config.without_conditions)
-            .then(|| condition_for(key, service, &decision.outcome, after.as_ref()));
-        let cilium = if self.cilium_active(state) {
-            CiliumConditionChange::Set(cilium_condition_for(
-                &state.allocator,
-                service,
-                &view,
-                &decision.outcome,
-                after.as_ref(),
-            ))
-        } else {
-            CiliumConditionChange::Keep
-        };
-        let write = desired_write(
+        let write = self.write_for(
+            state,
+            key,
             service,
+            &view,
+            &decision.outcome,
             after.as_ref(),
-            annotated_pool(&state.allocator, after.as_ref().map_or("", |h| &h.pool)),
-            condition,
-            cilium,
         );
-        // Announced with a write of the addresses or pool (§4.2), not of
-        // the condition alone.
-        let moves = write.as_ref().is_some_and(|w| {
-            !status_shows(service, &w.ingress) || pool_annotation(service) != w.pool.as_deref()
-        });
-        if moves && !view.deprecated.is_empty() {
-            events.push(deprecated_event(&view.deprecated));
-        }
-        if moves {
-            events.extend(
-                view.warnings
-                    .iter()
-                    .map(|w| event(EventType::Warning, w.reason, w.message.clone())),
-            );
-        }
+        events.extend(annotation_events(service, &view, write.as_ref()));
         let changed = Change {
             before: before.as_ref(),
             after: after.as_ref(),
@@ -536,6 +495,39 @@ impl AllocatingController {
             warned,
             announced_clear,
         }
+    }
+
+    /// What the Service's status, pool annotation and conditions should
+    /// become after `outcome`, if that differs from what it shows.
+    fn write_for(
+        &self,
+        state: &State,
+        key: &str,
+        service: &Service,
+        view: &ServiceView<'_>,
+        outcome: &Outcome,
+        after: Option<&AllocatorHolding>,
+    ) -> Option<ServiceWrite> {
+        let condition =
+            (!self.config.without_conditions).then(|| condition_for(key, service, outcome, after));
+        let cilium = if self.cilium_active(state) {
+            CiliumConditionChange::Set(cilium_condition_for(
+                &state.allocator,
+                service,
+                view,
+                outcome,
+                after,
+            ))
+        } else {
+            CiliumConditionChange::Keep
+        };
+        desired_write(
+            service,
+            after,
+            annotated_pool(&state.allocator, after.map_or("", |h| &h.pool)),
+            condition,
+            cilium,
+        )
     }
 
     /// A Service that is not (or no longer) ours releases what it held, with
@@ -1195,6 +1187,56 @@ fn half_served_wait(
     (Some(class), Some(wake))
 }
 
+/// The Events of a decision itself: the clearing of status addresses no
+/// longer allowed (unless the restore pass announced that already), and
+/// the addresses given.
+fn decision_events(
+    decision: &Decision,
+    announced_clear: Option<&Vec<String>>,
+    status: &Vec<String>,
+) -> Vec<Event> {
+    let mut events = Vec::new();
+    if let Some(reason) = &decision.cleared {
+        if announced_clear != Some(status) {
+            let cleared = decision.cleared_part.as_ref().unwrap_or(status);
+            events.push(clear_event(cleared, reason));
+        }
+    }
+    if let Outcome::Holds {
+        given: Some(holding),
+        ..
+    } = &decision.outcome
+    {
+        events.push(allocated_event(holding));
+    }
+    events
+}
+
+/// The Warnings about the Service's annotations (deprecated, ignored,
+/// unreadable): announced with a write of the addresses or pool (§4.2),
+/// not of the condition alone.
+fn annotation_events(
+    service: &Service,
+    view: &ServiceView<'_>,
+    write: Option<&ServiceWrite>,
+) -> Vec<Event> {
+    let moves = write.is_some_and(|w| {
+        !status_shows(service, &w.ingress) || pool_annotation(service) != w.pool.as_deref()
+    });
+    if !moves {
+        return Vec::new();
+    }
+    let deprecated = (!view.deprecated.is_empty()).then(|| deprecated_event(&view.deprecated));
+    deprecated
+        .into_iter()
+        .chain(
+            view.warnings
+                .iter()
+                .map(|w| event(EventType::Warning, w.reason, w.message.clone())),
+        )
+        .collect()
+}
+
 fn allocated_event(holding: &AllocatorHolding) -> Event {
     event(
         EventType::Normal,
@@ -1382,7 +1424,6 @@ impl Controller for AllocatingController {
         state.touched = None;
         info!(pools = state.allocator.pool_stats().len(), "synced");
     }
-
 }
 
 #[cfg(test)]

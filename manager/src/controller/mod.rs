@@ -162,8 +162,8 @@ pub trait Controller: Shortcuts + Send + Sync + 'static {
 /// a waiting Service's [`SyncOutcome::waiting_class`] and
 /// [`SyncOutcome::wake_on`]), and the property test
 /// `skipping_settled_services_changes_nothing` (fake-watcher) with the
-/// manager's `exhaustive_*` tests shows the result is the same with or
-/// without them.
+/// manager test `cilium_pools_and_keys_give_the_same_result_without_shortcuts`
+/// show the result is the same with or without them.
 pub trait Shortcuts {
     /// Whether the update of the Service `key` from `old` to `new` can
     /// change nothing this controller decides, so the manager need not

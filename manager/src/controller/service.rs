@@ -154,7 +154,6 @@ pub(crate) struct ServiceView<'a> {
 
 impl<'a> ServiceView<'a> {
     pub(crate) fn new(service: &'a Service, across: SharingAcrossNamespaces) -> ServiceView<'a> {
-        let spec = service.spec.as_ref();
         let namespace = service.metadata.namespace.as_deref().unwrap_or_default();
         let name = service.metadata.name.as_deref().unwrap_or_default();
         let ips = annotation(service, IPS);
@@ -165,95 +164,139 @@ impl<'a> ServiceView<'a> {
             .filter_map(|a| a.deprecated)
             .collect();
         let mut warnings = Vec::new();
-        let spec_ip = spec.and_then(|s| s.load_balancer_ip.as_deref());
-        let metallb_ips = ips.value.filter(|v| !v.trim().is_empty());
-        let cilium_ips = cilium_annotation(service, CILIUM_IPS);
-        let (requested, cilium_request) = match (metallb_ips, cilium_ips) {
-            (Some(_), Some((cilium, _))) => {
-                warnings.push(ignored(cilium, ips.deprecated.unwrap_or(IPS.0)));
-                (requested_addresses(ips.value, spec_ip), false)
-            }
-            (None, Some((name, value))) => {
-                (cilium_requested(name, value, spec_ip, &mut warnings), true)
-            }
-            (_, None) => (requested_addresses(ips.value, spec_ip), false),
-        };
-        let metallb_key = sharing.value.unwrap_or_default().trim();
-        let cilium_key = cilium_annotation(service, CILIUM_SHARING);
-        let (sharing_key, sharing_rule) = match cilium_key {
-            Some((cilium, _)) if !metallb_key.is_empty() => {
-                warnings.push(ignored(cilium, sharing.deprecated.unwrap_or(SHARING.0)));
-                (metallb_key, SharingRule::MetalLb)
-            }
-            // Cilium's key is taken raw, not trimmed (docs/cilium.md §3.2).
-            Some((_, key)) => (key, SharingRule::Cilium),
-            None => (metallb_key, SharingRule::MetalLb),
-        };
-        let listed = || {
-            cilium_annotation(service, CILIUM_CROSS_NAMESPACE)
-                .map(|(_, value)| cross_namespaces(value))
-                .unwrap_or_default()
-        };
-        let sharing_namespaces = match (sharing_rule, across) {
-            (SharingRule::MetalLb, SharingAcrossNamespaces::Allow) => None,
-            (SharingRule::MetalLb, SharingAcrossNamespaces::Annotated)
-            | (SharingRule::Cilium, _) => Some(listed()),
-        };
-        let local = spec.and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
-        let selector = spec.and_then(|s| s.selector.as_ref());
-        let backend_key = match selector {
-            Some(selector)
-                if local && !(sharing_rule == SharingRule::Cilium && selector.is_empty()) =>
-            {
-                selector
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            }
-            // Cilium never shares a Local Service without a selector
-            // (docs/cilium.md §3.4 rule 5): a key no other Service has
-            // (no label selector contains a parenthesis).
-            _ if local && sharing_rule == SharingRule::Cilium => {
-                format!("(no selector) {namespace}/{name}")
-            }
-            _ => String::new(),
-        };
-        let ports = spec
-            .and_then(|s| s.ports.as_ref())
-            .map(|ports| {
-                ports
-                    .iter()
-                    .map(|p| Port {
-                        protocol: Protocol::from_k8s(p.protocol.as_deref()),
-                        port: p.port,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let (requested, cilium_request) = requested_of(service, &ips, &mut warnings);
+        let (sharing_key, sharing_rule) = sharing_key_of(service, &sharing, &mut warnings);
         ServiceView {
             namespace,
             name,
             labels: service.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
-            families: match &requested {
-                // Cilium ignores the family policy once addresses are
-                // requested (docs/cilium.md §3.3): they are the families.
-                Ok(ips) if cilium_request && !ips.is_empty() => {
-                    families(service).map(|_| requested_families(ips))
-                }
-                _ => families(service),
-            },
+            families: families_asked(service, &requested, cilium_request),
             requested,
             cilium_request,
             pool: pool.value.map(str::trim).filter(|p| !p.is_empty()),
             sharing_key,
             sharing_rule,
-            sharing_namespaces,
-            backend_key,
-            ports,
+            sharing_namespaces: sharing_namespaces_of(service, sharing_rule, across),
+            backend_key: backend_key_of(service, sharing_rule, namespace, name),
+            ports: ports_of(service),
             deprecated,
             warnings,
         }
+    }
+}
+
+/// The requested addresses (MetalLB's annotation or `spec.loadBalancerIP`,
+/// else Cilium's annotation; MetalLB's wins and Cilium's is ignored with a
+/// Warning), and whether they come from Cilium's annotation.
+fn requested_of(
+    service: &Service,
+    ips: &Annotation<'_>,
+    warnings: &mut Vec<AnnotationWarning>,
+) -> (Result<Vec<IpAddr>, String>, bool) {
+    let spec_ip = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_ip.as_deref());
+    let metallb_ips = ips.value.filter(|v| !v.trim().is_empty());
+    match (metallb_ips, cilium_annotation(service, CILIUM_IPS)) {
+        (Some(_), Some((cilium, _))) => {
+            warnings.push(ignored(cilium, ips.deprecated.unwrap_or(IPS.0)));
+            (requested_addresses(ips.value, spec_ip), false)
+        }
+        (None, Some((name, value))) => (cilium_requested(name, value, spec_ip, warnings), true),
+        (_, None) => (requested_addresses(ips.value, spec_ip), false),
+    }
+}
+
+/// The sharing key and whose rule it follows: MetalLB's key wins, and
+/// Cilium's is then ignored with a Warning.
+fn sharing_key_of<'a>(
+    service: &'a Service,
+    sharing: &Annotation<'a>,
+    warnings: &mut Vec<AnnotationWarning>,
+) -> (&'a str, SharingRule) {
+    let metallb_key = sharing.value.unwrap_or_default().trim();
+    match cilium_annotation(service, CILIUM_SHARING) {
+        Some((cilium, _)) if !metallb_key.is_empty() => {
+            warnings.push(ignored(cilium, sharing.deprecated.unwrap_or(SHARING.0)));
+            (metallb_key, SharingRule::MetalLb)
+        }
+        // Cilium's key is taken raw, not trimmed (docs/cilium.md §3.2).
+        Some((_, key)) => (key, SharingRule::Cilium),
+        None => (metallb_key, SharingRule::MetalLb),
+    }
+}
+
+/// The namespaces the key may be shared with; `None`: any, without asking.
+fn sharing_namespaces_of(
+    service: &Service,
+    rule: SharingRule,
+    across: SharingAcrossNamespaces,
+) -> Option<Vec<String>> {
+    match (rule, across) {
+        (SharingRule::MetalLb, SharingAcrossNamespaces::Allow) => None,
+        (SharingRule::MetalLb, SharingAcrossNamespaces::Annotated) | (SharingRule::Cilium, _) => {
+            Some(
+                cilium_annotation(service, CILIUM_CROSS_NAMESPACE)
+                    .map(|(_, value)| cross_namespaces(value))
+                    .unwrap_or_default(),
+            )
+        }
+    }
+}
+
+/// What Services sharing an address must have in common besides the key:
+/// with externalTrafficPolicy Local, the selector.
+fn backend_key_of(service: &Service, rule: SharingRule, namespace: &str, name: &str) -> String {
+    let spec = service.spec.as_ref();
+    let local = spec.and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
+    let selector = spec.and_then(|s| s.selector.as_ref());
+    match selector {
+        Some(selector) if local && !(rule == SharingRule::Cilium && selector.is_empty()) => {
+            selector
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        }
+        // Cilium never shares a Local Service without a selector
+        // (docs/cilium.md §3.4 rule 5): a key no other Service has
+        // (no label selector contains a parenthesis).
+        _ if local && rule == SharingRule::Cilium => format!("(no selector) {namespace}/{name}"),
+        _ => String::new(),
+    }
+}
+
+fn ports_of(service: &Service) -> Vec<Port> {
+    service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .map(|ports| {
+            ports
+                .iter()
+                .map(|p| Port {
+                    protocol: Protocol::from_k8s(p.protocol.as_deref()),
+                    port: p.port,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The families the Service asks for; `None`: no cluster IP.
+fn families_asked(
+    service: &Service,
+    requested: &Result<Vec<IpAddr>, String>,
+    cilium_request: bool,
+) -> Option<FamilyPolicy> {
+    match requested {
+        // Cilium ignores the family policy once addresses are requested
+        // (docs/cilium.md §3.3): they are the families.
+        Ok(ips) if cilium_request && !ips.is_empty() => {
+            families(service).map(|_| requested_families(ips))
+        }
+        _ => families(service),
     }
 }
 
