@@ -87,13 +87,7 @@ impl CiliumCondition {
 
     /// The Kubernetes condition of [`CILIUM_CONDITION_TYPE`] on `service`.
     pub fn find(service: &Service) -> Option<&Condition> {
-        service
-            .status
-            .as_ref()?
-            .conditions
-            .as_ref()?
-            .iter()
-            .find(|c| c.type_ == CILIUM_CONDITION_TYPE)
+        find_condition(service, CILIUM_CONDITION_TYPE)
     }
 
     /// The condition as the Service `service` shows it, if it does.
@@ -127,34 +121,13 @@ impl CiliumCondition {
         conditions: &mut Vec<Condition>,
         now: &Time,
     ) {
-        let at = conditions
-            .iter()
-            .position(|c| c.type_ == CILIUM_CONDITION_TYPE);
-        let Some(condition) = condition else {
-            if let Some(at) = at {
-                conditions.remove(at);
-            }
-            return;
-        };
-        let previous = at.and_then(|at| conditions.get(at));
-        let last_transition_time = match previous {
-            Some(previous) if previous.status == condition.status() => {
-                previous.last_transition_time.clone()
-            }
-            _ => now.clone(),
-        };
-        let new = Condition {
-            type_: CILIUM_CONDITION_TYPE.to_owned(),
-            status: condition.status().to_owned(),
-            reason: condition.reason.clone(),
-            message: condition.message.clone(),
-            observed_generation: condition.observed_generation,
-            last_transition_time,
-        };
-        match at.and_then(|at| conditions.get_mut(at)) {
-            Some(slot) => *slot = new,
-            None => conditions.push(new),
-        }
+        let wanted = condition.map(|c| Wanted {
+            status: c.status(),
+            reason: &c.reason,
+            message: &c.message,
+            observed_generation: c.observed_generation,
+        });
+        merge_condition(conditions, CILIUM_CONDITION_TYPE, wanted, now);
     }
 }
 
@@ -208,13 +181,7 @@ impl ServiceCondition {
     /// The Kubernetes condition of [`CONDITION_TYPE`] on `service`, whole
     /// (with its `lastTransitionTime`).
     pub fn find(service: &Service) -> Option<&Condition> {
-        service
-            .status
-            .as_ref()?
-            .conditions
-            .as_ref()?
-            .iter()
-            .find(|c| c.type_ == CONDITION_TYPE)
+        find_condition(service, CONDITION_TYPE)
     }
 
     /// `conditions` with ours set to `condition` (or removed), the others
@@ -225,32 +192,66 @@ impl ServiceCondition {
         conditions: &mut Vec<Condition>,
         now: &Time,
     ) {
-        let at = conditions.iter().position(|c| c.type_ == CONDITION_TYPE);
-        let Some(condition) = condition else {
-            if let Some(at) = at {
-                conditions.remove(at);
-            }
-            return;
-        };
-        let previous = at.and_then(|at| conditions.get(at));
-        let last_transition_time = match previous {
-            Some(previous) if previous.status == condition.status() => {
-                previous.last_transition_time.clone()
-            }
-            _ => now.clone(),
-        };
-        let new = Condition {
-            type_: CONDITION_TYPE.to_owned(),
-            status: condition.status().to_owned(),
-            reason: condition.reason.clone(),
-            message: condition.message.clone(),
-            observed_generation: condition.observed_generation,
-            last_transition_time,
-        };
-        match at.and_then(|at| conditions.get_mut(at)) {
-            Some(slot) => *slot = new,
-            None => conditions.push(new),
+        let wanted = condition.map(|c| Wanted {
+            status: c.status(),
+            reason: &c.reason,
+            message: &c.message,
+            observed_generation: c.observed_generation,
+        });
+        merge_condition(conditions, CONDITION_TYPE, wanted, now);
+    }
+}
+
+/// The condition of `type_` on `service`, whole.
+fn find_condition<'a>(service: &'a Service, type_: &str) -> Option<&'a Condition> {
+    service
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+/// A condition as it should be, without its `lastTransitionTime`.
+struct Wanted<'a> {
+    status: &'static str,
+    reason: &'a str,
+    message: &'a str,
+    observed_generation: Option<i64>,
+}
+
+/// `conditions` with the one of `type_` set to `wanted` (or removed), the
+/// others kept in place: `lastTransitionTime` stays while the status does,
+/// else it is `now` (`meta.SetStatusCondition`'s rule).
+fn merge_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    wanted: Option<Wanted<'_>>,
+    now: &Time,
+) {
+    let at = conditions.iter().position(|c| c.type_ == type_);
+    let Some(wanted) = wanted else {
+        if let Some(at) = at {
+            conditions.remove(at);
         }
+        return;
+    };
+    let last_transition_time = match at.and_then(|at| conditions.get(at)) {
+        Some(previous) if previous.status == wanted.status => previous.last_transition_time.clone(),
+        _ => now.clone(),
+    };
+    let new = Condition {
+        type_: type_.to_owned(),
+        status: wanted.status.to_owned(),
+        reason: wanted.reason.to_owned(),
+        message: wanted.message.to_owned(),
+        observed_generation: wanted.observed_generation,
+        last_transition_time,
+    };
+    match at.and_then(|at| conditions.get_mut(at)) {
+        Some(slot) => *slot = new,
+        None => conditions.push(new),
     }
 }
 
