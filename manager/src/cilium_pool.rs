@@ -3,7 +3,11 @@
 //! what the allocator made of the pool. Hosts write them (kube-watcher) or
 //! show them (the replay's `cilium_pools[]`, docs/replay.md §3).
 
-use allocator::{CiliumCounts, Family, Pool, PoolKind, PoolStats, RejectedPool, WideCount};
+use allocator::cilium::CiliumLoadBalancerIPPoolSpec;
+use allocator::{
+    AddressCount, CiliumCounts, Family, FamilyStats, Pool, PoolKind, PoolStats, RejectedPool,
+    WideCount,
+};
 use subscriber::CiliumLoadBalancerIPPool;
 
 /// `cilium.io/IPsTotal`.
@@ -51,17 +55,46 @@ pub fn cilium_pool_conditions(
         .iter()
         .find(|r| r.name == name && r.kind == cilium)?;
     let conflict = rejected.conflict.as_ref()?;
-    // It parses: an overlap is found only between parsed pools.
-    let parsed = Pool::parse_cilium(name, &pool.spec).ok()?;
-    let total = WideCount::sum(parsed.total(Family::V4), parsed.total(Family::V6));
-    let used = WideCount::from(parsed.reserved(Family::V4))
-        .plus(WideCount::from(parsed.reserved(Family::V6)));
-    let counts = CiliumCounts {
-        total,
-        used,
-        available: total.minus(used),
+    Some(conditions(
+        conflicting_counts(name, &pool.spec),
+        Some(conflict.cilium_message()),
+    ))
+}
+
+/// The counts of a pool rejected for a conflict: it holds nothing, so its
+/// used count is its reserved ends. Its blocks are counted one by one (a
+/// pool whose blocks overlap each other does not parse whole, and Cilium
+/// counts every block); a block that does not parse counts nothing.
+fn conflicting_counts(name: &str, spec: &CiliumLoadBalancerIPPoolSpec) -> CiliumCounts {
+    let mut stats = PoolStats {
+        name: name.to_owned(),
+        kind: PoolKind::CiliumLoadBalancerIPPool,
+        ipv4: FamilyStats::default(),
+        ipv6: FamilyStats::default(),
     };
-    Some(conditions(counts, Some(conflict.cilium_message())))
+    for block in spec.cidrs.iter().chain(&spec.blocks) {
+        let one = CiliumLoadBalancerIPPoolSpec {
+            blocks: vec![block.clone()],
+            allow_first_last_ips: spec.allow_first_last_ips.clone(),
+            ..Default::default()
+        };
+        let Ok(one) = Pool::parse_cilium(name, &one) else {
+            continue;
+        };
+        for (family, counts) in [(Family::V4, &mut stats.ipv4), (Family::V6, &mut stats.ipv6)] {
+            counts.total = add(counts.total, one.total(family));
+            counts.reserved = counts.reserved.saturating_add(one.reserved(family));
+        }
+    }
+    stats.cilium_counts()
+}
+
+/// `a + b`, at most 2^128 (more only from blocks that overlap each other).
+fn add(a: AddressCount, b: AddressCount) -> AddressCount {
+    a.get()
+        .zip(b.get())
+        .and_then(|(a, b)| a.checked_add(b))
+        .map_or(AddressCount::ALL_IPV6, AddressCount::from)
 }
 
 fn conditions(counts: CiliumCounts, conflict: Option<String>) -> [PoolCondition; 4] {
@@ -156,6 +189,24 @@ mod tests {
             ]
         );
         assert_eq!(cilium_pool_conditions(&bad, &stats, &rejected), None);
+        // A pool overlapping itself names itself, and counts every block
+        // (as kube-watcher writes it).
+        let twice = pool(
+            "twice",
+            json!({"blocks": [{"cidr": "10.1.0.0/24"}, {"cidr": "10.1.0.0/24"}]}),
+        );
+        allocator.set_cilium_pool_created("twice", &twice.spec, Some(4));
+        let rejected = allocator.rejected_pools();
+        assert_eq!(
+            texts(cilium_pool_conditions(&twice, &stats, &rejected)),
+            [
+                "cilium.io/IPsTotal Unknown noreason 512",
+                "cilium.io/IPsAvailable Unknown noreason 512",
+                "cilium.io/IPsUsed Unknown noreason 0",
+                "cilium.io/PoolConflict True cidr_overlap Pool conflicts since range \
+                 '10.1.0.0 - 10.1.0.255' overlaps range '10.1.0.0 - 10.1.0.255' from IP Pool 'twice'",
+            ]
+        );
         assert_eq!(
             cilium_pool_conditions(&pool("unknown", json!({})), &stats, &rejected),
             None
