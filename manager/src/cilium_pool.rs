@@ -11,13 +11,13 @@ use allocator::{
 use subscriber::CiliumLoadBalancerIPPool;
 
 /// `cilium.io/IPsTotal`.
-pub const IPS_TOTAL: &str = "cilium.io/IPsTotal";
+const IPS_TOTAL: &str = "cilium.io/IPsTotal";
 /// `cilium.io/IPsAvailable`.
-pub const IPS_AVAILABLE: &str = "cilium.io/IPsAvailable";
+const IPS_AVAILABLE: &str = "cilium.io/IPsAvailable";
 /// `cilium.io/IPsUsed`.
-pub const IPS_USED: &str = "cilium.io/IPsUsed";
+const IPS_USED: &str = "cilium.io/IPsUsed";
 /// `cilium.io/PoolConflict`.
-pub const POOL_CONFLICT: &str = "cilium.io/PoolConflict";
+const POOL_CONFLICT: &str = "cilium.io/PoolConflict";
 
 /// One condition of a Cilium pool, without the timestamps and the
 /// generation a host adds when it writes it.

@@ -12,15 +12,13 @@ mod controller;
 mod manager;
 mod store;
 
-pub use cilium_pool::{
-    cilium_pool_conditions, PoolCondition, IPS_AVAILABLE, IPS_TOTAL, IPS_USED, POOL_CONFLICT,
-};
+pub use cilium_pool::{cilium_pool_conditions, PoolCondition};
 pub use client::{
     CiliumCondition, CiliumConditionChange, Client, ClientError, Event, EventType,
     ServiceCondition, ServiceWrite, CILIUM_CONDITION_TYPE, CONDITION_TYPE, POOL_ANNOTATION,
 };
 pub use controller::{
-    reason, AllocatingController, Asks, ControllerConfig, ControllerStats, Explanation, Judgement,
+    AllocatingController, Asks, ControllerConfig, ControllerStats, Explanation, Judgement,
     NotHandled, ServiceHolding, SharingAcrossNamespaces, Shows,
 };
 pub use manager::{Manager, ManagerConfig};

@@ -19,9 +19,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::controller::{
-    Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState, WakeOn,
-};
+use crate::controller::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState, WakeOn};
 use crate::Store;
 
 /// The hasher of the queue's maps: keys are the cluster's own object names,

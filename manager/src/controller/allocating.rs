@@ -37,16 +37,16 @@ use crate::store::Store;
 type FastHash = foldhash::fast::RandomState;
 
 /// Event reasons (docs/allocation.md §4.7).
-pub mod reason {
-    pub const IP_ALLOCATED: &str = "IPAllocated";
-    pub const ALLOCATION_FAILED: &str = "AllocationFailed";
-    pub const LOAD_BALANCER_FAILED: &str = "LoadBalancerFailed";
-    pub const CLEAR_ASSIGNMENT: &str = "ClearAssignment";
-    pub const DEPRECATED_ANNOTATION: &str = "DeprecatedAnnotation";
+pub(crate) mod reason {
+    pub(crate) const IP_ALLOCATED: &str = "IPAllocated";
+    pub(crate) const ALLOCATION_FAILED: &str = "AllocationFailed";
+    pub(crate) const LOAD_BALANCER_FAILED: &str = "LoadBalancerFailed";
+    pub(crate) const CLEAR_ASSIGNMENT: &str = "ClearAssignment";
+    pub(crate) const DEPRECATED_ANNOTATION: &str = "DeprecatedAnnotation";
     /// The condition's reason while a Service holds addresses.
-    pub const ASSIGNED: &str = "Assigned";
+    pub(crate) const ASSIGNED: &str = "Assigned";
     /// The condition's reason for an invalid request (`LoadBalancerFailed`).
-    pub const INVALID_REQUEST: &str = "InvalidRequest";
+    pub(crate) const INVALID_REQUEST: &str = "InvalidRequest";
 }
 
 /// How the controller is set up.

@@ -10,9 +10,7 @@ mod decide;
 mod explain;
 mod service;
 
-pub use allocating::{
-    reason, AllocatingController, ControllerConfig, ControllerStats, ServiceHolding,
-};
+pub use allocating::{AllocatingController, ControllerConfig, ControllerStats, ServiceHolding};
 pub use explain::{Asks, Explanation, Judgement, NotHandled, Shows};
 pub use service::SharingAcrossNamespaces;
 
