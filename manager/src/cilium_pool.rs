@@ -211,5 +211,25 @@ mod tests {
             cilium_pool_conditions(&pool("unknown", json!({})), &stats, &rejected),
             None
         );
+        // Two /24s and a /64, each with its ends reserved, the /24s
+        // overlapping each other: each block counted.
+        let mixed = pool(
+            "mixed",
+            json!({"blocks": [{"cidr": "10.2.0.0/24"}, {"cidr": "2001:db8::/64"},
+                              {"cidr": "10.2.0.0/24"}],
+                   "allowFirstLastIPs": "No"}),
+        );
+        allocator.set_cilium_pool_created("mixed", &mixed.spec, Some(5));
+        let counts: Vec<String> =
+            cilium_pool_conditions(&mixed, &stats, &allocator.rejected_pools())
+                .unwrap()
+                .iter()
+                .map(|c| c.message.clone())
+                .take(3)
+                .collect();
+        assert_eq!(
+            counts,
+            ["18446744073709552128", "18446744073709552122", "6"]
+        );
     }
 }
