@@ -28,7 +28,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use allocator::{FamilyStats, PoolKind, PoolStats, RejectedPool};
+use allocator::{PoolKind, PoolStats, RejectedPool};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::Resource;
@@ -112,97 +112,38 @@ fn accepted_condition(
     }
 }
 
-/// Cilium's pool condition types, reasons and statuses (docs/cilium.md §2.8).
-pub(crate) mod cilium_condition {
-    /// Every address of every block, reserved ends included.
-    pub(crate) const IPS_TOTAL: &str = "cilium.io/IPsTotal";
-    /// Total minus used.
-    pub(crate) const IPS_AVAILABLE: &str = "cilium.io/IPsAvailable";
-    /// Distinct held addresses plus reserved ends.
-    pub(crate) const IPS_USED: &str = "cilium.io/IPsUsed";
-    /// Whether the pool overlaps an older one (or itself).
-    pub(crate) const POOL_CONFLICT: &str = "cilium.io/PoolConflict";
-    /// The reason of the three counts.
-    pub(crate) const NO_REASON: &str = "noreason";
-    /// `PoolConflict` True.
-    pub(crate) const CIDR_OVERLAP: &str = "cidr_overlap";
-    /// `PoolConflict` False.
-    pub(crate) const RESOLVED: &str = "resolved";
-}
-
-/// What Cilium's four conditions of one pool say: the counts as exact
-/// decimals, and the conflict message (`None`: no conflict).
+/// Cilium's four conditions of one pool as the manager computes them
+/// ([`manager::cilium_pool_conditions`], docs/cilium.md §2.8: the counts as
+/// exact decimals, the conflict), and the generation they observe.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct CiliumPoolState {
-    pub total: String,
-    pub available: String,
-    pub used: String,
-    pub conflict: Option<String>,
+    pub conditions: [manager::PoolCondition; 4],
     /// The pool's `metadata.generation` (the conditions' observedGeneration).
     pub generation: Option<i64>,
 }
 
 impl CiliumPoolState {
-    /// The state of an accepted pool with these counters.
-    pub(crate) fn accepted(stats: &PoolStats, generation: Option<i64>) -> Self {
-        let counts = stats.cilium_counts();
-        Self {
-            total: counts.total.to_string(),
-            available: counts.available.to_string(),
-            used: counts.used.to_string(),
-            conflict: None,
-            generation,
-        }
-    }
-
-    /// The state of a pool rejected for a conflict: it holds nothing, so
-    /// its used count is its reserved ends. Its blocks are counted one by
-    /// one (a pool whose blocks overlap each other does not parse whole);
-    /// a block that does not parse counts nothing.
-    pub(crate) fn conflicting(pool: &CiliumPoolResource, message: String) -> Self {
-        let mut stats = PoolStats {
-            name: pool.metadata.name.clone().unwrap_or_default(),
-            kind: PoolKind::CiliumLoadBalancerIPPool,
-            ipv4: FamilyStats::default(),
-            ipv6: FamilyStats::default(),
-        };
-        let blocks = pool.spec.cidrs.iter().chain(&pool.spec.blocks);
-        for block in blocks {
-            let spec = allocator::cilium::CiliumLoadBalancerIPPoolSpec {
-                blocks: vec![block.clone()],
-                allow_first_last_ips: pool.spec.allow_first_last_ips.clone(),
-                ..Default::default()
-            };
-            let Ok(one) = allocator::Pool::parse_cilium(&stats.name, &spec) else {
-                continue;
-            };
-            for (family, counts) in [
-                (allocator::Family::V4, &mut stats.ipv4),
-                (allocator::Family::V6, &mut stats.ipv6),
-            ] {
-                counts.total = add(counts.total, one.total(family));
-                counts.reserved += one.reserved(family);
-            }
-        }
-        Self {
-            conflict: Some(message),
-            ..Self::accepted(&stats, pool.metadata.generation)
-        }
+    /// The state of the Cilium `pool` among the allocator's accepted and
+    /// rejected pools; `None` where Cilium writes nothing (a pool rejected
+    /// as invalid, or one the allocator does not know).
+    pub(crate) fn of(
+        pool: &CiliumPoolResource,
+        accepted: &[PoolStats],
+        rejected: &[RejectedPool],
+    ) -> Option<Self> {
+        let conditions =
+            manager::cilium_pool_conditions(&cilium::to_subscriber(pool), accepted, rejected)?;
+        Some(Self {
+            conditions,
+            generation: pool.metadata.generation,
+        })
     }
 
     /// (type, status, reason, message) of each of the four.
     fn wanted(&self) -> [(&'static str, &'static str, &'static str, &str); 4] {
-        use cilium_condition::*;
-        let (status, reason, message) = match &self.conflict {
-            Some(message) => ("True", CIDR_OVERLAP, message.as_str()),
-            None => ("False", RESOLVED, ""),
-        };
-        [
-            (IPS_TOTAL, "Unknown", NO_REASON, self.total.as_str()),
-            (IPS_AVAILABLE, "Unknown", NO_REASON, self.available.as_str()),
-            (IPS_USED, "Unknown", NO_REASON, self.used.as_str()),
-            (POOL_CONFLICT, status, reason, message),
-        ]
+        self.conditions
+            .each_ref()
+            .map(|c| (c.condition_type, c.status, c.reason, c.message.as_str()))
     }
 
     /// Whether `conditions` (a pool's `status.conditions`) show this state:
@@ -253,17 +194,6 @@ impl CiliumPoolState {
         }
         merged
     }
-}
-
-/// `a + b`, at most 2^128 (more only from blocks that overlap each other).
-fn add(a: allocator::AddressCount, b: allocator::AddressCount) -> allocator::AddressCount {
-    a.get()
-        .zip(b.get())
-        .and_then(|(a, b)| a.checked_add(b))
-        .map_or(
-            allocator::AddressCount::ALL_IPV6,
-            allocator::AddressCount::from,
-        )
 }
 
 /// The condition of `type_` among `conditions`.
@@ -473,15 +403,16 @@ impl PoolStatusWriter {
             return 0;
         };
         let mut wanted: Vec<(std::sync::Arc<CiliumPoolResource>, CiliumPoolState)> = Vec::new();
-        for stats in accepted {
+        for stats in &accepted {
             let Some(pool) = self.store.cilium_pool_resource(&stats.name) else {
                 continue;
             };
             self.warned.remove(&(String::new(), stats.name.clone()));
-            let state = CiliumPoolState::accepted(&stats, pool.metadata.generation);
-            wanted.push((pool, state));
+            if let Some(state) = CiliumPoolState::of(&pool, &accepted, &rejected) {
+                wanted.push((pool, state));
+            }
         }
-        for rejection in rejected {
+        for rejection in &rejected {
             if !self.gate.is_open() {
                 return 0;
             }
@@ -491,15 +422,14 @@ impl PoolStatusWriter {
             let id = (String::new(), rejection.name.clone());
             let mut reference = pool.object_ref(&());
             reference.api_version = Some(format!("{}/{version}", cilium::GROUP));
-            match &rejection.conflict {
-                Some(conflict) => {
-                    let state = CiliumPoolState::conflicting(&pool, conflict.cilium_message());
-                    let shown = state.is_shown_in(&shown_conditions(&pool));
-                    self.warn(reference, &id, &rejection.reason, shown).await;
-                    wanted.push((pool, state));
-                }
-                // Invalid: no condition would be true (docs/cilium.md §10).
-                None => self.warn(reference, &id, &rejection.reason, false).await,
+            // Invalid: no condition would be true (docs/cilium.md §10).
+            let state = CiliumPoolState::of(&pool, &accepted, &rejected);
+            let shown = state
+                .as_ref()
+                .is_some_and(|state| state.is_shown_in(&shown_conditions(&pool)));
+            self.warn(reference, &id, &rejection.reason, shown).await;
+            if let Some(state) = state {
+                wanted.push((pool, state));
             }
         }
         let mut count = 0;
@@ -719,38 +649,40 @@ mod tests {
         assert_eq!(accepted.last_transition_time, "T1");
     }
 
-    fn cilium_pool(spec: serde_json::Value) -> CiliumPoolResource {
-        serde_json::from_value(json!({"metadata": {"name": "blue", "generation": 3}, "spec": spec}))
-            .unwrap()
-    }
-
-    #[test]
-    fn cilium_counts_are_exact_decimals_and_a_conflict_counts_its_blocks() {
-        let pool = cilium_pool(json!({
-            "blocks": [{"cidr": "10.0.0.0/24"}, {"cidr": "2001:db8::/64"}, {"cidr": "10.0.0.0/24"}],
-            "allowFirstLastIPs": "No"
-        }));
-        let state = CiliumPoolState::conflicting(&pool, "m".to_owned());
-        // Two /24s and a /64, each with its ends reserved.
-        assert_eq!(state.total, "18446744073709552128");
-        assert_eq!(state.used, "6");
-        assert_eq!(state.available, "18446744073709552122");
-        assert_eq!(state.conflict.as_deref(), Some("m"));
-        assert_eq!(state.generation, Some(3));
+    /// A state with these counts and conflict, generation 3.
+    fn cilium_state(counts: [&str; 3], conflict: Option<&str>) -> CiliumPoolState {
+        let count = |condition_type, message: &str| manager::PoolCondition {
+            condition_type,
+            status: "Unknown",
+            reason: "noreason",
+            message: message.to_owned(),
+        };
+        let conflict = match conflict {
+            Some(message) => ("True", "cidr_overlap", message),
+            None => ("False", "resolved", ""),
+        };
+        CiliumPoolState {
+            conditions: [
+                count("cilium.io/IPsTotal", counts[0]),
+                count("cilium.io/IPsAvailable", counts[1]),
+                count("cilium.io/IPsUsed", counts[2]),
+                manager::PoolCondition {
+                    condition_type: "cilium.io/PoolConflict",
+                    status: conflict.0,
+                    reason: conflict.1,
+                    message: conflict.2.to_owned(),
+                },
+            ],
+            generation: Some(3),
+        }
     }
 
     #[test]
     fn cilium_conditions_merge_into_the_list_and_keep_other_types() {
-        let state = CiliumPoolState {
-            total: "256".to_owned(),
-            available: "254".to_owned(),
-            used: "2".to_owned(),
-            conflict: None,
-            generation: Some(3),
-        };
+        let state = cilium_state(["256", "254", "2"], None);
         let other = json!({"type": "other", "status": "True", "reason": "R", "message": "",
                            "lastTransitionTime": "T0"});
-        let stale_used = json!({"type": cilium_condition::IPS_USED, "status": "Unknown",
+        let stale_used = json!({"type": "cilium.io/IPsUsed", "status": "Unknown",
                                 "reason": "noreason", "message": "1",
                                 "observedGeneration": 3, "lastTransitionTime": "T0"});
         let shown = [other.clone(), stale_used];
@@ -773,10 +705,7 @@ mod tests {
         );
         assert!(state.is_shown_in(&merged));
         // A conflict flips PoolConflict (new time), the counts keep theirs.
-        let conflicting = CiliumPoolState {
-            conflict: Some("overlaps".to_owned()),
-            ..state.clone()
-        };
+        let conflicting = cilium_state(["256", "254", "2"], Some("overlaps"));
         assert!(!conflicting.is_shown_in(&merged));
         let again = conflicting.merged_into(&merged, "T2");
         assert_eq!(again[4]["status"], "True");
