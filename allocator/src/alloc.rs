@@ -2219,102 +2219,10 @@ impl Allocator {
         let mut problems = Vec::new();
         let mut recount: BTreeMap<(&str, Family), u128> = BTreeMap::new();
         for (ip, holders) in &self.addresses {
-            let helds: Vec<(&Arc<str>, Option<&Held>)> =
-                holders.iter().map(|h| (h, self.services.get(h))).collect();
-            let Some((_, Some(first))) = helds.first() else {
-                problems.push(format!("{ip} is recorded with no holder that exists"));
-                continue;
-            };
-            let pool = first.pool_of(*ip);
-            match self.locate(*ip) {
-                Ok(state) if state.name == *pool => {}
-                Ok(state) => problems.push(format!(
-                    "{ip} is held from pool {pool} but lies in {}",
-                    state.name
-                )),
-                Err(error) => problems.push(format!("{ip} is held but {error}")),
-            }
-            *recount.entry((&**pool, Family::of(*ip))).or_default() += 1;
-            if holders.len() > 1 {
-                let mut tenancies: BTreeMap<Tenancy, u32> = BTreeMap::new();
-                for tenancy in helds.iter().filter_map(|(_, h)| h.and_then(Held::tenancy)) {
-                    *tenancies.entry(tenancy.clone()).or_insert(0) += 1;
-                }
-                let restricting = tenancies
-                    .iter()
-                    .filter(|(t, _)| t.1.is_some())
-                    .map(|(_, n)| *n)
-                    .sum::<u32>();
-                if holders.tenancy_counts() != Some((&tenancies, restricting)) {
-                    problems.push(format!("{ip}: the tenancy index is stale"));
-                }
-            }
-            let mut seen: BTreeSet<&Port> = BTreeSet::new();
-            for (holder, held) in &helds {
-                let Some(held) = held else {
-                    problems.push(format!(
-                        "{ip} lists {holder} as holder but {holder} holds nothing"
-                    ));
-                    continue;
-                };
-                if !held.ips.contains(ip) || held.pool_of(*ip) != pool {
-                    problems.push(format!(
-                        "{ip} lists {holder} as holder but {holder} does not hold it"
-                    ));
-                }
-                if holders.len() > 1 {
-                    if held.group().is_none() || held.group() != first.group() {
-                        problems.push(format!(
-                            "{ip} is held by several services but {holder} may not share it"
-                        ));
-                    }
-                    let namespaces_ok = helds.iter().all(|(_, other)| {
-                        match (held.tenancy(), other.and_then(|o| o.tenancy())) {
-                            (Some(a), Some(b)) => {
-                                tenancies_agree(&a.0, a.1.as_deref(), &b.0, b.1.as_deref())
-                            }
-                            _ => true,
-                        }
-                    });
-                    if !namespaces_ok {
-                        problems.push(format!(
-                            "{ip}: {holder} shares it with a namespace it does not admit"
-                        ));
-                    }
-                    for port in held.ports() {
-                        if !seen.insert(port) {
-                            problems.push(format!("{ip}: port {port} is used twice"));
-                        }
-                    }
-                }
-            }
+            self.check_address(*ip, holders, &mut recount, &mut problems);
         }
         for (key, held) in &self.services {
-            // Two pools only for one address per family, each in a Cilium
-            // pool (docs/cilium.md §3.5).
-            if let Some(other) = &held.pool6 {
-                let kinds_ok = [&held.pool, other].iter().all(|name| {
-                    self.pools
-                        .get(*name)
-                        .is_some_and(|s| s.pool.kind == PoolKind::CiliumLoadBalancerIPPool)
-                });
-                let v4 = held.ips.iter().filter(|ip| ip.is_ipv4()).count();
-                if *other == held.pool || !kinds_ok || (v4, held.ips.len() - v4) != (1, 1) {
-                    problems.push(format!(
-                        "{key} holds addresses in pools {} and {other}, which is only for one address per family in two Cilium pools",
-                        held.pool
-                    ));
-                }
-            }
-            for ip in &held.ips {
-                if !self
-                    .addresses
-                    .get(ip)
-                    .is_some_and(|holders| holders.contains(key))
-                {
-                    problems.push(format!("{key} holds {ip} but the address does not list it"));
-                }
-            }
+            self.check_service(key, held, &mut problems);
         }
         for (name, state) in &self.pools {
             self.check_pool(name, state, &recount, &mut problems);
@@ -2323,6 +2231,117 @@ impl Allocator {
             Ok(())
         } else {
             Err(problems)
+        }
+    }
+
+    /// [`Allocator::check_invariants`] for one held address: its pool, its
+    /// holders and their sharing, and the tenancy index; counts it into
+    /// `recount`.
+    fn check_address<'a>(
+        &'a self,
+        ip: IpAddr,
+        holders: &'a Holders,
+        recount: &mut BTreeMap<(&'a str, Family), u128>,
+        problems: &mut Vec<String>,
+    ) {
+        let helds: Vec<(&Arc<str>, Option<&Held>)> =
+            holders.iter().map(|h| (h, self.services.get(h))).collect();
+        let Some((_, Some(first))) = helds.first() else {
+            problems.push(format!("{ip} is recorded with no holder that exists"));
+            return;
+        };
+        let pool = first.pool_of(ip);
+        match self.locate(ip) {
+            Ok(state) if state.name == *pool => {}
+            Ok(state) => problems.push(format!(
+                "{ip} is held from pool {pool} but lies in {}",
+                state.name
+            )),
+            Err(error) => problems.push(format!("{ip} is held but {error}")),
+        }
+        *recount.entry((&**pool, Family::of(ip))).or_default() += 1;
+        if holders.len() > 1 {
+            let mut tenancies: BTreeMap<Tenancy, u32> = BTreeMap::new();
+            for tenancy in helds.iter().filter_map(|(_, h)| h.and_then(Held::tenancy)) {
+                *tenancies.entry(tenancy.clone()).or_insert(0) += 1;
+            }
+            let restricting = tenancies
+                .iter()
+                .filter(|(t, _)| t.1.is_some())
+                .map(|(_, n)| *n)
+                .sum::<u32>();
+            if holders.tenancy_counts() != Some((&tenancies, restricting)) {
+                problems.push(format!("{ip}: the tenancy index is stale"));
+            }
+        }
+        let mut seen: BTreeSet<&Port> = BTreeSet::new();
+        for (holder, held) in &helds {
+            let Some(held) = held else {
+                problems.push(format!(
+                    "{ip} lists {holder} as holder but {holder} holds nothing"
+                ));
+                continue;
+            };
+            if !held.ips.contains(&ip) || held.pool_of(ip) != pool {
+                problems.push(format!(
+                    "{ip} lists {holder} as holder but {holder} does not hold it"
+                ));
+            }
+            if holders.len() > 1 {
+                if held.group().is_none() || held.group() != first.group() {
+                    problems.push(format!(
+                        "{ip} is held by several services but {holder} may not share it"
+                    ));
+                }
+                let namespaces_ok = helds.iter().all(|(_, other)| {
+                    match (held.tenancy(), other.and_then(|o| o.tenancy())) {
+                        (Some(a), Some(b)) => {
+                            tenancies_agree(&a.0, a.1.as_deref(), &b.0, b.1.as_deref())
+                        }
+                        _ => true,
+                    }
+                });
+                if !namespaces_ok {
+                    problems.push(format!(
+                        "{ip}: {holder} shares it with a namespace it does not admit"
+                    ));
+                }
+                for port in held.ports() {
+                    if !seen.insert(port) {
+                        problems.push(format!("{ip}: port {port} is used twice"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`Allocator::check_invariants`] for one Service: its pools, and each
+    /// of its addresses listing it.
+    fn check_service(&self, key: &Arc<str>, held: &Held, problems: &mut Vec<String>) {
+        // Two pools only for one address per family, each in a Cilium
+        // pool (docs/cilium.md §3.5).
+        if let Some(other) = &held.pool6 {
+            let kinds_ok = [&held.pool, other].iter().all(|name| {
+                self.pools
+                    .get(*name)
+                    .is_some_and(|s| s.pool.kind == PoolKind::CiliumLoadBalancerIPPool)
+            });
+            let v4 = held.ips.iter().filter(|ip| ip.is_ipv4()).count();
+            if *other == held.pool || !kinds_ok || (v4, held.ips.len() - v4) != (1, 1) {
+                problems.push(format!(
+                    "{key} holds addresses in pools {} and {other}, which is only for one address per family in two Cilium pools",
+                    held.pool
+                ));
+            }
+        }
+        for ip in &held.ips {
+            if !self
+                .addresses
+                .get(ip)
+                .is_some_and(|holders| holders.contains(key))
+            {
+                problems.push(format!("{key} holds {ip} but the address does not list it"));
+            }
         }
     }
 

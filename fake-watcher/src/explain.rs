@@ -415,16 +415,7 @@ fn pool_document(pool: &allocator::PoolVerdict, kind: PoolKind, namespace: &str)
                 "service-selector-mismatch",
                 none,
                 None,
-                match kind {
-                    PoolKind::CiliumLoadBalancerIPPool => {
-                        "skipped: its serviceSelector does not match the Service's labels \
-                         (with io.kubernetes.service.namespace and io.kubernetes.service.name)"
-                            .to_owned()
-                    }
-                    PoolKind::IPAddressPool => {
-                        "skipped: its serviceSelectors do not match the Service's labels".to_owned()
-                    }
-                },
+                selector_mismatch(kind).to_owned(),
             ),
             Verdict::Disabled => (
                 "disabled",
@@ -475,6 +466,20 @@ fn pool_document(pool: &allocator::PoolVerdict, kind: PoolKind, namespace: &str)
         ips,
         family: family.map(|f| f.to_string()),
         message,
+    }
+}
+
+/// Why a pool's selector leaves the Service out: Cilium's sees two
+/// pseudo-labels too (docs/cilium.md §2.4).
+fn selector_mismatch(kind: PoolKind) -> &'static str {
+    match kind {
+        PoolKind::CiliumLoadBalancerIPPool => {
+            "skipped: its serviceSelector does not match the Service's labels \
+             (with io.kubernetes.service.namespace and io.kubernetes.service.name)"
+        }
+        PoolKind::IPAddressPool => {
+            "skipped: its serviceSelectors do not match the Service's labels"
+        }
     }
 }
 

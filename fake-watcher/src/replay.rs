@@ -322,27 +322,7 @@ async fn run(
     host: &mut Host,
     output: &mut ReplayOutput,
 ) -> Result<(), ReplayError> {
-    // The --config pools exist before the first line.
-    for pool in &options.pools {
-        let object = pool.to_object();
-        let event = TraceEvent {
-            event_type: "ADDED".to_owned(),
-            kind: Some(object.kind().to_string()),
-            key: Some(object.key()),
-        };
-        let change = host.plugin.store.upsert(object)?;
-        host.apply(0, Some(event), &change, output).await?;
-    }
-    match source.next().await {
-        Some(Read::Lookahead(Ok(true))) => {}
-        Some(Read::Lookahead(Ok(false))) => host.mark_synced(0).await?,
-        Some(Read::Lookahead(Err(error))) => return Err(error),
-        _ => {
-            return Err(ReplayError::Worker(
-                "the stream was not read ahead".to_owned(),
-            ))
-        }
-    }
+    before_first_line(source, options, host, output).await?;
     let mut last_line = 0;
     while let Some(read) = source.next().await {
         let record = match read {
@@ -400,6 +380,38 @@ async fn run(
     }
     observer.finished(&host.plugin);
     (output.result, output.other_class) = host.result(options.lb_class.as_deref());
+    Ok(())
+}
+
+/// What comes before the first line: the `--config` pools, and a sync
+/// right away when the look-ahead found no `SYNCED` line.
+async fn before_first_line(
+    source: &mut Source<'_>,
+    options: &ReplayOptions,
+    host: &mut Host,
+    output: &mut ReplayOutput,
+) -> Result<(), ReplayError> {
+    // The --config pools exist before the first line.
+    for pool in &options.pools {
+        let object = pool.to_object();
+        let event = TraceEvent {
+            event_type: "ADDED".to_owned(),
+            kind: Some(object.kind().to_string()),
+            key: Some(object.key()),
+        };
+        let change = host.plugin.store.upsert(object)?;
+        host.apply(0, Some(event), &change, output).await?;
+    }
+    match source.next().await {
+        Some(Read::Lookahead(Ok(true))) => {}
+        Some(Read::Lookahead(Ok(false))) => host.mark_synced(0).await?,
+        Some(Read::Lookahead(Err(error))) => return Err(error),
+        _ => {
+            return Err(ReplayError::Worker(
+                "the stream was not read ahead".to_owned(),
+            ))
+        }
+    }
     Ok(())
 }
 

@@ -447,8 +447,9 @@ impl ReplayStore {
 
     /// The controller's write (through the in-memory client): sets
     /// `status.loadBalancer.ingress`, the pool annotation and the
-    /// controller's condition of the Service `key`, touching nothing else. A write that changes nothing is not
-    /// made (no new `resourceVersion`, no event), as on an API server.
+    /// controller's conditions of the Service `key`, touching nothing else.
+    /// A write that changes nothing is not made (no new `resourceVersion`,
+    /// no event), as on an API server.
     pub fn write_service(
         &self,
         key: &str,
@@ -509,22 +510,7 @@ impl ReplayStore {
         } else {
             Some(ingress)
         };
-        let annotations = &mut new.metadata.annotations;
-        match &write.pool {
-            Some(pool) => {
-                annotations
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(POOL_ANNOTATION.to_owned(), pool.clone());
-            }
-            None => {
-                if let Some(map) = annotations {
-                    map.remove(POOL_ANNOTATION);
-                    if map.is_empty() {
-                        *annotations = None;
-                    }
-                }
-            }
-        }
+        set_pool_annotation(&mut new.metadata.annotations, write.pool.as_ref());
         new.metadata.resource_version = Some(state.next_version());
         let new = Arc::new(new);
         self.cache.services().insert(key, &new);
@@ -764,48 +750,9 @@ impl State {
             }
             return Ok(());
         }
-        let mut cluster_ips: Vec<String> = spec
-            .cluster_ips
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|ip| !ip.is_empty())
-            .collect();
-        if cluster_ips.is_empty() {
-            if let Some(ip) = spec.cluster_ip.as_ref().filter(|ip| !ip.is_empty()) {
-                cluster_ips.push(ip.clone());
-            }
-        }
+        let mut cluster_ips = given_cluster_ips(spec);
         let headless = cluster_ips.first().is_some_and(|ip| ip == "None");
-        let mut families = spec.ip_families.clone().unwrap_or_default();
-        if families.is_empty() && !headless {
-            families = cluster_ips
-                .iter()
-                .filter_map(|ip| ip.parse::<IpAddr>().ok())
-                .map(|ip| family_of(ip).to_owned())
-                .collect();
-        }
-        let policy = spec.ip_family_policy.get_or_insert_with(|| {
-            // Two families asked for without a policy: an API server makes
-            // the Service RequireDualStack.
-            if families.len() >= 2 || cluster_ips.len() >= 2 {
-                REQUIRE_DUAL_STACK.to_owned()
-            } else {
-                SINGLE_STACK.to_owned()
-            }
-        });
-        let dual = policy != SINGLE_STACK;
-        if families.is_empty() {
-            families.push(IPV4.to_owned());
-        }
-        if dual && families.len() == 1 {
-            let other = if families.first().is_some_and(|f| f == IPV6) {
-                IPV4
-            } else {
-                IPV6
-            };
-            families.push(other.to_owned());
-        }
+        let families = fill_family_policy(spec, &cluster_ips, headless);
         if !headless {
             for ip in cluster_ips
                 .iter()
@@ -839,6 +786,82 @@ impl State {
         };
         Ok(())
     }
+}
+
+/// Sets (or removes) the pool annotation, leaving no empty map behind.
+fn set_pool_annotation(annotations: &mut Option<BTreeMap<String, String>>, pool: Option<&String>) {
+    match pool {
+        Some(pool) => {
+            annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(POOL_ANNOTATION.to_owned(), pool.clone());
+        }
+        None => {
+            if let Some(map) = annotations {
+                map.remove(POOL_ANNOTATION);
+                if map.is_empty() {
+                    *annotations = None;
+                }
+            }
+        }
+    }
+}
+
+/// The cluster IPs a new Service gives itself (`clusterIPs`, else
+/// `clusterIP`), empty ones left out.
+fn given_cluster_ips(spec: &ServiceSpec) -> Vec<String> {
+    let mut cluster_ips: Vec<String> = spec
+        .cluster_ips
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|ip| !ip.is_empty())
+        .collect();
+    if cluster_ips.is_empty() {
+        if let Some(ip) = spec.cluster_ip.as_ref().filter(|ip| !ip.is_empty()) {
+            cluster_ips.push(ip.clone());
+        }
+    }
+    cluster_ips
+}
+
+/// Sets `spec.ipFamilyPolicy` where it is left out, as an API server does,
+/// and returns the Service's families in order (IPv4 first unless asked).
+fn fill_family_policy(
+    spec: &mut ServiceSpec,
+    cluster_ips: &[String],
+    headless: bool,
+) -> Vec<String> {
+    let mut families = spec.ip_families.clone().unwrap_or_default();
+    if families.is_empty() && !headless {
+        families = cluster_ips
+            .iter()
+            .filter_map(|ip| ip.parse::<IpAddr>().ok())
+            .map(|ip| family_of(ip).to_owned())
+            .collect();
+    }
+    let policy = spec.ip_family_policy.get_or_insert_with(|| {
+        // Two families asked for without a policy: an API server makes
+        // the Service RequireDualStack.
+        if families.len() >= 2 || cluster_ips.len() >= 2 {
+            REQUIRE_DUAL_STACK.to_owned()
+        } else {
+            SINGLE_STACK.to_owned()
+        }
+    });
+    let dual = policy != SINGLE_STACK;
+    if families.is_empty() {
+        families.push(IPV4.to_owned());
+    }
+    if dual && families.len() == 1 {
+        let other = if families.first().is_some_and(|f| f == IPV6) {
+            IPV4
+        } else {
+            IPV6
+        };
+        families.push(other.to_owned());
+    }
+    families
 }
 
 /// Cluster IPs of one family, handed out lowest free first: offsets from
