@@ -609,12 +609,13 @@ impl Host {
         };
         let stats = self.plugin.controller.pool_stats();
         let rejected = self.plugin.controller.rejected_pools();
+        let figures = manager::CiliumPoolFigures::new(&stats, &rejected);
         let cilium_pools = self
             .plugin
             .store
             .cilium_pools()
             .iter()
-            .map(|pool| cilium_pool_result(pool, &stats, &rejected))
+            .map(|pool| cilium_pool_result(pool, &figures))
             .collect();
         let pools = stats
             .into_iter()
@@ -685,10 +686,10 @@ fn note_first_ips(event: &WatchEvent, first_ips: &mut HashMap<String, Vec<String
 /// (docs/cilium.md §2.8).
 fn cilium_pool_result(
     pool: &CiliumLoadBalancerIPPool,
-    stats: &[allocator::PoolStats],
-    rejected: &[allocator::RejectedPool],
+    figures: &manager::CiliumPoolFigures<'_>,
 ) -> CiliumPoolResult {
-    let conditions = manager::cilium_pool_conditions(pool, stats, rejected)
+    let conditions = figures
+        .conditions(pool)
         .map(|conditions| {
             conditions
                 .into_iter()

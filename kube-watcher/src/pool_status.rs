@@ -128,11 +128,9 @@ impl CiliumPoolState {
     /// as invalid, or one the allocator does not know).
     pub(crate) fn of(
         pool: &CiliumPoolResource,
-        accepted: &[PoolStats],
-        rejected: &[RejectedPool],
+        figures: &manager::CiliumPoolFigures<'_>,
     ) -> Option<Self> {
-        let conditions =
-            manager::cilium_pool_conditions(&cilium::to_subscriber(pool), accepted, rejected)?;
+        let conditions = figures.conditions(&cilium::to_subscriber(pool))?;
         Some(Self {
             conditions,
             generation: pool.metadata.generation,
@@ -402,13 +400,14 @@ impl PoolStatusWriter {
         let Some(version) = self.cilium_version.as_ref().and_then(|v| *v.borrow()) else {
             return 0;
         };
+        let figures = manager::CiliumPoolFigures::new(&accepted, &rejected);
         let mut wanted: Vec<(std::sync::Arc<CiliumPoolResource>, CiliumPoolState)> = Vec::new();
         for stats in &accepted {
             let Some(pool) = self.store.cilium_pool_resource(&stats.name) else {
                 continue;
             };
             self.warned.remove(&(String::new(), stats.name.clone()));
-            if let Some(state) = CiliumPoolState::of(&pool, &accepted, &rejected) {
+            if let Some(state) = CiliumPoolState::of(&pool, &figures) {
                 wanted.push((pool, state));
             }
         }
@@ -423,7 +422,7 @@ impl PoolStatusWriter {
             let mut reference = pool.object_ref(&());
             reference.api_version = Some(format!("{}/{version}", cilium::GROUP));
             // Invalid: no condition would be true (docs/cilium.md §10).
-            let state = CiliumPoolState::of(&pool, &accepted, &rejected);
+            let state = CiliumPoolState::of(&pool, &figures);
             let shown = state
                 .as_ref()
                 .is_some_and(|state| state.is_shown_in(&shown_conditions(&pool)));

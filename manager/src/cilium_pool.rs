@@ -3,6 +3,8 @@
 //! what the allocator made of the pool. Hosts write them (kube-watcher) or
 //! show them (the replay's `cilium_pools[]`, docs/replay.md §3).
 
+use std::collections::HashMap;
+
 use allocator::cilium::CiliumLoadBalancerIPPoolSpec;
 use allocator::{
     AddressCount, CiliumCounts, Family, FamilyStats, Pool, PoolKind, PoolStats, RejectedPool,
@@ -46,19 +48,47 @@ pub fn cilium_pool_conditions(
     stats: &[PoolStats],
     rejected: &[RejectedPool],
 ) -> Option<[PoolCondition; 4]> {
-    let name = pool.metadata.name.as_deref()?;
-    let cilium = PoolKind::CiliumLoadBalancerIPPool;
-    if let Some(stats) = stats.iter().find(|s| s.name == name && s.kind == cilium) {
-        return Some(conditions(stats.cilium_counts(), None));
+    CiliumPoolFigures::new(stats, rejected).conditions(pool)
+}
+
+/// The allocator's accepted and rejected Cilium pools by name, built once
+/// for the conditions of many pools: each pool then costs a lookup, not a
+/// walk over every pool.
+#[derive(Debug)]
+pub struct CiliumPoolFigures<'a> {
+    accepted: HashMap<&'a str, &'a PoolStats>,
+    rejected: HashMap<&'a str, &'a RejectedPool>,
+}
+
+impl<'a> CiliumPoolFigures<'a> {
+    pub fn new(stats: &'a [PoolStats], rejected: &'a [RejectedPool]) -> Self {
+        let cilium = PoolKind::CiliumLoadBalancerIPPool;
+        Self {
+            accepted: stats
+                .iter()
+                .filter(|s| s.kind == cilium)
+                .map(|s| (s.name.as_str(), s))
+                .collect(),
+            rejected: rejected
+                .iter()
+                .filter(|r| r.kind == cilium)
+                .map(|r| (r.name.as_str(), r))
+                .collect(),
+        }
     }
-    let rejected = rejected
-        .iter()
-        .find(|r| r.name == name && r.kind == cilium)?;
-    let conflict = rejected.conflict.as_ref()?;
-    Some(conditions(
-        conflicting_counts(name, &pool.spec),
-        Some(conflict.cilium_message()),
-    ))
+
+    /// [`cilium_pool_conditions`] of `pool`.
+    pub fn conditions(&self, pool: &CiliumLoadBalancerIPPool) -> Option<[PoolCondition; 4]> {
+        let name = pool.metadata.name.as_deref()?;
+        if let Some(stats) = self.accepted.get(name) {
+            return Some(conditions(stats.cilium_counts(), None));
+        }
+        let conflict = self.rejected.get(name)?.conflict.as_ref()?;
+        Some(conditions(
+            conflicting_counts(name, &pool.spec),
+            Some(conflict.cilium_message()),
+        ))
+    }
 }
 
 /// The counts of a pool rejected for a conflict: it holds nothing, so its

@@ -12,7 +12,7 @@ mod controller;
 mod manager;
 mod store;
 
-pub use cilium_pool::{cilium_pool_conditions, PoolCondition};
+pub use cilium_pool::{cilium_pool_conditions, CiliumPoolFigures, PoolCondition};
 pub use client::{
     CiliumCondition, CiliumConditionChange, Client, ClientError, Event, EventType,
     ServiceCondition, ServiceWrite, CILIUM_CONDITION_TYPE, CONDITION_TYPE, POOL_ANNOTATION,
