@@ -1,8 +1,8 @@
 //! Cilium's Service annotations and condition (docs/cilium.md §3, §4.2,
 //! §4.3), through the Manager and the AllocatingController, against an
 //! in-memory client that writes into the shared cache and echoes every
-//! write back as a watch would (the harness of tests/controller.rs, cut
-//! down to what these tests use).
+//! write back as a watch would (the machinery of tests/support, shared with
+//! tests/controller.rs).
 
 #![allow(
     clippy::unwrap_used,
@@ -11,430 +11,19 @@
     clippy::panic
 )]
 
-use std::collections::BTreeMap;
-use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+mod support;
 
-use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use manager::{
-    AllocatingController, CiliumCondition, Client, ClientError, ControllerConfig, DashMapStore,
-    Event, EventType, Manager, ManagerConfig, ServiceWrite, SharingAcrossNamespaces,
-    CILIUM_CONDITION_TYPE, POOL_ANNOTATION,
+    CiliumCondition, ControllerConfig, EventType, SharingAcrossNamespaces, CILIUM_CONDITION_TYPE,
+    POOL_ANNOTATION,
 };
 use serde_json::{json, Value};
-use subscriber::{CiliumLoadBalancerIPPool, Handler, IPAddressPool};
-use tokio_util::sync::CancellationToken;
+use support::{addrs, blocks, every_write, warnings, Harness, Record, Svc};
 
-// ----- the recording client -----
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Record {
-    Write {
-        key: String,
-        ingress: Vec<String>,
-    },
-    Event {
-        key: String,
-        event_type: EventType,
-        reason: String,
-        message: String,
-    },
-}
-
-/// Applies writes (both conditions merged as a host does) to the shared
-/// cache, echoes them to the manager, and records writes and events.
-struct RecordingClient {
-    store: Arc<DashMapStore>,
-    manager: Mutex<Option<Manager<AllocatingController>>>,
-    log: Mutex<Vec<Record>>,
-}
-
-impl RecordingClient {
-    fn record(&self, record: Record) {
-        self.log.lock().unwrap().push(record);
-    }
-}
-
-#[async_trait]
-impl Client for RecordingClient {
-    async fn write_service(&self, key: &str, write: &ServiceWrite) -> Result<(), ClientError> {
-        let old = self
-            .store
-            .services
-            .get(key)
-            .map(|entry| Arc::clone(entry.value()))
-            .ok_or_else(|| ClientError::NotFound { key: key.into() })?;
-        let mut new = (*old).clone();
-        let ingress: Vec<LoadBalancerIngress> = write
-            .ingress
-            .iter()
-            .map(|ip| LoadBalancerIngress {
-                ip: Some(ip.to_string()),
-                ..Default::default()
-            })
-            .collect();
-        let status = new.status.get_or_insert_with(Default::default);
-        status.load_balancer = Some(LoadBalancerStatus {
-            ingress: (!ingress.is_empty()).then_some(ingress),
-        });
-        let mut conditions = status.conditions.take().unwrap_or_default();
-        write.merge_conditions(
-            &mut conditions,
-            &Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-        );
-        status.conditions = (!conditions.is_empty()).then_some(conditions);
-        let annotations = new.metadata.annotations.get_or_insert_with(BTreeMap::new);
-        match &write.pool {
-            Some(pool) => annotations.insert(POOL_ANNOTATION.into(), pool.clone()),
-            None => annotations.remove(POOL_ANNOTATION),
-        };
-        self.store
-            .services
-            .insert(key.into(), Arc::new(new.clone()));
-        self.record(Record::Write {
-            key: key.into(),
-            ingress: write.ingress.iter().map(IpAddr::to_string).collect(),
-        });
-        let manager = self.manager.lock().unwrap().clone();
-        if let Some(manager) = manager {
-            manager.on_update(&*old, &new).await.unwrap();
-        }
-        Ok(())
-    }
-
-    async fn emit_event(&self, key: &str, event: &Event) -> Result<(), ClientError> {
-        self.record(Record::Event {
-            key: key.into(),
-            event_type: event.event_type,
-            reason: event.reason.clone(),
-            message: event.message.clone(),
-        });
-        Ok(())
-    }
-}
-
-// ----- objects -----
-
-/// A Service under construction, as the JSON a cluster returns.
-#[derive(Clone, Debug)]
-struct Svc(Value);
-
-/// A `type: LoadBalancer`, single-stack IPv4 Service `namespace/name` with
-/// port 80/TCP, externalTrafficPolicy Cluster and selector `app: name`.
+/// The shared `svc` at `metadata.generation` 1, as a cluster shows it:
+/// Cilium's condition records the generation it saw.
 fn svc(key: &str) -> Svc {
-    let (namespace, name) = key.split_once('/').expect("namespace/name");
-    Svc(json!({
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"namespace": namespace, "name": name, "generation": 1},
-        "spec": {
-            "type": "LoadBalancer",
-            "clusterIP": "10.96.0.10",
-            "clusterIPs": ["10.96.0.10"],
-            "ipFamilies": ["IPv4"],
-            "ipFamilyPolicy": "SingleStack",
-            "ports": [{"name": "tcp-80", "port": 80, "protocol": "TCP"}],
-            "selector": {"app": name},
-            "externalTrafficPolicy": "Cluster",
-        },
-    }))
-}
-
-impl Svc {
-    fn key(&self) -> String {
-        let meta = &self.0["metadata"];
-        format!(
-            "{}/{}",
-            meta["namespace"].as_str().unwrap(),
-            meta["name"].as_str().unwrap()
-        )
-    }
-
-    fn set(mut self, path: &[&str], value: Value) -> Self {
-        let mut at = &mut self.0;
-        for part in path {
-            at = &mut at[*part];
-        }
-        *at = value;
-        self
-    }
-
-    fn ann(self, key: &str, value: &str) -> Self {
-        self.set(&["metadata", "annotations", key], json!(value))
-    }
-
-    fn label(self, key: &str, value: &str) -> Self {
-        self.set(&["metadata", "labels", key], json!(value))
-    }
-
-    /// `lbipam.cilium.io/ips`.
-    fn cilium_ips(self, ips: &str) -> Self {
-        self.ann("lbipam.cilium.io/ips", ips)
-    }
-
-    /// `lbipam.cilium.io/sharing-key`.
-    fn cilium_key(self, key: &str) -> Self {
-        self.ann("lbipam.cilium.io/sharing-key", key)
-    }
-
-    /// `lbipam.cilium.io/sharing-cross-namespace`.
-    fn cross(self, namespaces: &str) -> Self {
-        self.ann("lbipam.cilium.io/sharing-cross-namespace", namespaces)
-    }
-
-    fn port(self, port: i32) -> Self {
-        self.set(
-            &["spec", "ports"],
-            json!([{"name": "p", "port": port, "protocol": "TCP"}]),
-        )
-    }
-
-    fn kind(self, type_: &str) -> Self {
-        self.set(&["spec", "type"], json!(type_))
-    }
-
-    fn build(&self) -> Service {
-        serde_json::from_value(self.0.clone()).unwrap()
-    }
-}
-
-/// An `IPAddressPool` spec with these addresses.
-fn addrs(addresses: &[&str]) -> Value {
-    json!({ "addresses": addresses })
-}
-
-/// A `CiliumLoadBalancerIPPool` spec with these CIDR blocks.
-fn blocks(cidrs: &[&str]) -> Value {
-    let blocks: Vec<Value> = cidrs.iter().map(|c| json!({ "cidr": c })).collect();
-    json!({ "blocks": blocks })
-}
-
-// ----- the harness -----
-
-struct Harness {
-    store: Arc<DashMapStore>,
-    client: Arc<RecordingClient>,
-    controller: Arc<AllocatingController>,
-    manager: Manager<AllocatingController>,
-    cancel: CancellationToken,
-    synced: AtomicBool,
-    read: AtomicUsize,
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-        if let Ok(mut manager) = self.client.manager.lock() {
-            manager.take();
-        }
-    }
-}
-
-impl Harness {
-    /// A synced harness with this configuration and no pools.
-    async fn with(config: ControllerConfig) -> Self {
-        let h = Self::unsynced(config);
-        h.sync().await;
-        h
-    }
-
-    /// Marks the manager synced (the host's initial list is complete).
-    async fn sync(&self) {
-        self.manager.mark_synced();
-        self.synced.store(true, Ordering::SeqCst);
-        self.settle().await;
-    }
-
-    /// A harness before sync: objects added now are the initial list.
-    fn unsynced(config: ControllerConfig) -> Self {
-        let store = Arc::new(DashMapStore::default());
-        let client = Arc::new(RecordingClient {
-            store: Arc::clone(&store),
-            manager: Mutex::new(None),
-            log: Mutex::new(Vec::new()),
-        });
-        let controller = Arc::new(AllocatingController::new(
-            store.clone(),
-            client.clone(),
-            config,
-        ));
-        let manager = Manager::new(
-            store.clone(),
-            Arc::clone(&controller),
-            ManagerConfig::default().retry_base(Duration::from_millis(1)),
-        );
-        *client.manager.lock().unwrap() = Some(manager.clone());
-        let cancel = CancellationToken::new();
-        drop(manager.start(cancel.clone()));
-        Self {
-            store,
-            client,
-            controller,
-            manager,
-            cancel,
-            synced: AtomicBool::new(false),
-            read: AtomicUsize::new(0),
-        }
-    }
-
-    async fn new() -> Self {
-        Self::with(ControllerConfig::default()).await
-    }
-
-    /// After sync: waits until the manager is idle and checks the
-    /// invariants (before sync nothing is decided).
-    async fn settle(&self) {
-        if !self.synced.load(Ordering::SeqCst) {
-            tokio::task::yield_now().await;
-            return;
-        }
-        tokio::time::timeout(Duration::from_secs(600), self.manager.idle())
-            .await
-            .expect("the manager never became idle");
-        if let Err(problems) = self.controller.check_invariants() {
-            panic!("invariants violated: {problems:#?}");
-        }
-    }
-
-    fn service(&self, key: &str) -> Arc<Service> {
-        self.store
-            .services
-            .get(key)
-            .map(|entry| Arc::clone(entry.value()))
-            .expect("no such service")
-    }
-
-    /// Adds the Service, or updates it if the key exists.
-    async fn add(&self, svc: Svc) {
-        let service = svc.build();
-        let old = self
-            .store
-            .services
-            .insert(svc.key(), Arc::new(service.clone()));
-        match old {
-            Some(old) => self.manager.on_update(&*old, &service).await,
-            None => self.manager.on_add(&service).await,
-        }
-        .unwrap();
-        self.settle().await;
-    }
-
-    /// Updates the Service as a user would: `f` edits the stored object.
-    async fn edit(&self, key: &str, f: impl FnOnce(Svc) -> Svc) {
-        let current = self.service(key);
-        let svc = f(Svc(serde_json::to_value(&*current).unwrap()));
-        self.add(svc).await;
-    }
-
-    async fn delete(&self, key: &str) {
-        let (_, old) = self.store.services.remove(key).expect("no such service");
-        self.manager.on_delete(&*old).await.unwrap();
-        self.settle().await;
-    }
-
-    /// Adds or updates the `IPAddressPool` `name`.
-    async fn pool(&self, name: &str, spec: Value) {
-        let pool: IPAddressPool = serde_json::from_value(json!({
-            "apiVersion": "metallb.io/v1beta1",
-            "kind": "IPAddressPool",
-            "metadata": {"name": name, "namespace": "metallb-system",
-                         "creationTimestamp": "2024-01-01T00:00:00Z"},
-            "spec": spec,
-        }))
-        .unwrap();
-        let old = self.store.pools.insert(name.into(), Arc::new(pool.clone()));
-        match old {
-            Some(old) => self.manager.on_update(&*old, &pool).await,
-            None => self.manager.on_add(&pool).await,
-        }
-        .unwrap();
-        self.settle().await;
-    }
-
-    /// Adds or updates the `CiliumLoadBalancerIPPool` `name`.
-    async fn cilium_pool(&self, name: &str, spec: Value) {
-        let pool: CiliumLoadBalancerIPPool = serde_json::from_value(json!({
-            "apiVersion": "cilium.io/v2",
-            "kind": "CiliumLoadBalancerIPPool",
-            "metadata": {"name": name, "creationTimestamp": "2024-01-01T00:00:00Z"},
-            "spec": spec,
-        }))
-        .unwrap();
-        let old = self
-            .store
-            .cilium_pools
-            .insert(name.into(), Arc::new(pool.clone()));
-        match old {
-            Some(old) => self.manager.on_update(&*old, &pool).await,
-            None => self.manager.on_add(&pool).await,
-        }
-        .unwrap();
-        self.settle().await;
-    }
-
-    async fn delete_cilium_pool(&self, name: &str) {
-        let (_, old) = self.store.cilium_pools.remove(name).expect("no such pool");
-        self.manager.on_delete(&*old).await.unwrap();
-        self.settle().await;
-    }
-
-    /// The records since the last call.
-    fn take(&self) -> Vec<Record> {
-        let log = self.client.log.lock().unwrap();
-        let from = self.read.swap(log.len(), Ordering::SeqCst);
-        log[from..].to_vec()
-    }
-
-    /// The status addresses, space-separated (`""`: none).
-    fn ips(&self, key: &str) -> String {
-        let service = self.service(key);
-        let ips: Vec<String> = service
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref())
-            .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
-            .unwrap_or_default();
-        ips.join(" ")
-    }
-
-    /// Cilium's condition as `"Status reason: message"`, or `"none"`.
-    fn cilium(&self, key: &str) -> String {
-        match CiliumCondition::shown(&self.service(key)) {
-            Some(c) => format!("{} {}: {}", c.status(), c.reason, c.message),
-            None => "none".to_owned(),
-        }
-    }
-}
-
-/// `"key Reason: message"` of every Warning event.
-fn warnings(records: &[Record]) -> Vec<String> {
-    records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Event {
-                key,
-                event_type: EventType::Warning,
-                reason,
-                message,
-            } => Some(format!("{key} {reason}: {message}")),
-            _ => None,
-        })
-        .collect()
-}
-
-fn writes(records: &[Record]) -> Vec<String> {
-    records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Write { key, ingress } => Some(format!("{key} <- {}", ingress.join(" "))),
-            Record::Event { .. } => None,
-        })
-        .collect()
+    support::svc(key).generation(1)
 }
 
 /// Cilium's `no_pool` message for a family.
@@ -449,7 +38,7 @@ mod annotations {
 
     #[tokio::test]
     async fn cilium_ips_request_addresses_with_spec_load_balancer_ip() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24", "fd00:10::/120"]))
             .await;
         h.add(svc("ns/a").cilium_ips("10.0.10.21")).await;
@@ -470,7 +59,7 @@ mod annotations {
 
     #[tokio::test]
     async fn an_empty_name_hides_the_alias() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         h.add(
             svc("ns/a")
@@ -484,7 +73,7 @@ mod annotations {
 
     #[tokio::test]
     async fn unreadable_parts_are_skipped_with_a_warning() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         h.take();
         h.add(svc("ns/a").cilium_ips("10.0.0.300, 10.0.10.7")).await;
@@ -499,7 +88,7 @@ mod annotations {
 
     #[tokio::test]
     async fn two_addresses_of_a_family_are_beyond_this_allocator() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         h.take();
         h.add(svc("ns/a").cilium_ips("10.0.10.1,10.0.10.2")).await;
@@ -522,7 +111,7 @@ mod precedence {
 
     #[tokio::test]
     async fn metallb_addresses_win_with_a_warning() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.pool("m", addrs(&["10.0.0.0/24"])).await;
         h.take();
         h.add(
@@ -542,7 +131,7 @@ mod precedence {
 
     #[tokio::test]
     async fn metallb_sharing_key_wins_with_a_warning() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.pool("m", addrs(&["10.0.0.0/24"])).await;
         h.add(svc("ns/a").ann("metallb.io/allow-shared-ip", "k").port(80))
             .await;
@@ -567,7 +156,7 @@ mod precedence {
 
     #[tokio::test]
     async fn keys_of_the_two_kinds_never_share() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.pool("m", addrs(&["10.0.0.0/24"])).await;
         h.add(svc("ns/a").ann("metallb.io/allow-shared-ip", "k").port(80))
             .await;
@@ -585,7 +174,7 @@ mod cross_namespace {
     /// cilium/cilium lbipam_test.go TestSharingCrossNamespace.
     #[tokio::test]
     async fn cilium_keys_share_when_both_allow_the_other() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         h.add(svc("ns-a/s").cilium_key("k").cross("ns-b").port(80))
             .await;
@@ -605,7 +194,7 @@ mod cross_namespace {
 
     #[tokio::test]
     async fn metallb_keys_share_across_namespaces_by_default() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.pool("m", addrs(&["10.0.0.0/24"])).await;
         h.add(
             svc("ns-a/s")
@@ -626,7 +215,7 @@ mod cross_namespace {
     async fn metallb_keys_need_the_annotation_when_configured() {
         let config = ControllerConfig::default()
             .sharing_across_namespaces(SharingAcrossNamespaces::Annotated);
-        let h = Harness::with(config).await;
+        let h = Harness::synced_with(config).await;
         h.pool("m", addrs(&["10.0.0.0/24"])).await;
         h.add(
             svc("ns-a/s")
@@ -683,7 +272,7 @@ mod local_policy {
 
     #[tokio::test]
     async fn cilium_keys_share_local_services_with_the_same_selector_only() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         h.add(local(svc("ns/a").cilium_key("k").port(80), Some("web")))
             .await;
@@ -724,7 +313,7 @@ mod condition {
 
     #[tokio::test]
     async fn satisfied_and_written_only_while_a_cilium_pool_exists() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.pool("m", addrs(&["10.0.0.0/24"])).await;
         h.add(svc("ns/before")).await;
         assert_eq!(h.cilium("ns/before"), "none");
@@ -741,7 +330,7 @@ mod condition {
 
     #[tokio::test]
     async fn no_pool_for_a_family_and_for_an_address() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool(
             "c",
             json!({"blocks": [{"cidr": "10.0.10.0/24"}],
@@ -760,7 +349,7 @@ mod condition {
     /// cilium/cilium lbipam_test.go TestRequestIPWithMismatchedLabel.
     #[tokio::test]
     async fn pool_selector_mismatch() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool(
             "c",
             json!({"blocks": [{"cidr": "10.0.10.0/24"}],
@@ -780,7 +369,7 @@ mod condition {
     /// without a key).
     #[tokio::test]
     async fn already_allocated() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         h.add(svc("ns/a").cilium_ips("10.0.10.5")).await;
         h.add(svc("ns/b").cilium_ips("10.0.10.5")).await;
@@ -793,7 +382,7 @@ mod condition {
 
     #[tokio::test]
     async fn already_allocated_incompatible_service() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         h.add(svc("ns/a").cilium_ips("10.0.10.5").cilium_key("k"))
             .await;
@@ -812,7 +401,7 @@ mod condition {
 
     #[tokio::test]
     async fn out_of_ips() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.1/32"])).await;
         h.add(svc("ns/a")).await;
         h.add(svc("ns/b")).await;
@@ -826,7 +415,7 @@ mod condition {
 
     #[tokio::test]
     async fn removed_when_the_service_stops_being_handled() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         h.add(svc("ns/a")).await;
         assert_eq!(h.cilium("ns/a"), SATISFIED);
@@ -837,7 +426,7 @@ mod condition {
 
     #[tokio::test]
     async fn only_generation_differs_counts_as_up_to_date() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         h.add(svc("ns/a")).await;
         h.take();
@@ -852,7 +441,7 @@ mod condition {
             s
         })
         .await;
-        assert_eq!(writes(&h.take()), Vec::<String>::new());
+        assert_eq!(every_write(&h.take()), Vec::<String>::new());
         // Another message is a write.
         h.edit("ns/a", |mut s| {
             for condition in s.0["status"]["conditions"].as_array_mut().unwrap() {
@@ -863,13 +452,13 @@ mod condition {
             s
         })
         .await;
-        assert_eq!(writes(&h.take()), ["ns/a <- 10.0.10.0"]);
+        assert_eq!(every_write(&h.take()), ["ns/a <- 10.0.10.0"]);
         assert_eq!(h.cilium("ns/a"), SATISFIED);
     }
 
     #[tokio::test]
     async fn switched_off_by_configuration() {
-        let h = Harness::with(ControllerConfig::default().without_cilium_conditions()).await;
+        let h = Harness::synced_with(ControllerConfig::default().without_cilium_conditions()).await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         h.add(svc("ns/a")).await;
         assert_eq!(h.ips("ns/a"), "10.0.10.0");
@@ -878,7 +467,7 @@ mod condition {
 
     #[tokio::test]
     async fn no_longer_written_once_the_last_cilium_pool_is_gone() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.pool("m", addrs(&["10.0.0.0/24"])).await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         h.delete_cilium_pool("c").await;
@@ -899,7 +488,7 @@ mod mixed_order {
     /// of both kinds by name.
     #[tokio::test]
     async fn one_candidate_order_for_both_kinds() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.pool("z-metal", addrs(&["10.0.5.1/32"])).await;
         h.cilium_pool("a-cilium", blocks(&["10.0.4.1/32"])).await;
         h.cilium_pool(
@@ -950,7 +539,7 @@ mod mixed_order {
     /// address that is free or shareable.
     #[tokio::test]
     async fn cilium_key_joins_before_a_fresh_address() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         h.add(svc("ns/plain")).await;
         h.add(svc("ns/c1").cilium_key("k").port(80)).await;
@@ -970,7 +559,7 @@ mod mixed_order {
     /// §4.1).
     #[tokio::test]
     async fn address_pool_naming_a_cilium_pool_is_unknown() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         h.take();
         h.add(svc("ns/a").ann("metallb.io/address-pool", "c")).await;
@@ -988,7 +577,7 @@ mod mixed_order {
     /// ranges, so no pool contains it (docs/cilium.md §2.5).
     #[tokio::test]
     async fn requested_address_in_a_disabled_pool() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool(
             "c",
             json!({"blocks": [{"cidr": "10.0.10.0/24"}], "disabled": true}),
@@ -1007,7 +596,7 @@ mod mixed_order {
     /// reserved end is `already_allocated`.
     #[tokio::test]
     async fn requested_reserved_end() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool(
             "c",
             json!({"blocks": [{"cidr": "10.0.10.16/30"}], "allowFirstLastIPs": "No"}),
@@ -1030,7 +619,7 @@ mod families {
     /// missing family (docs/cilium.md §3.5, §3.6).
     #[tokio::test]
     async fn half_served_prefer_dual_stack_is_unsatisfied() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
         let dual = |key: &str| {
             svc(key)
@@ -1059,7 +648,7 @@ mod families {
     /// (docs/cilium.md §4.3 item 4).
     #[tokio::test]
     async fn requested_pair_from_two_cilium_pools() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c4", blocks(&["10.0.10.0/24"])).await;
         h.cilium_pool("c6", blocks(&["fd00:10::/120"])).await;
         h.add(
@@ -1101,7 +690,7 @@ mod families {
     /// (docs/cilium.md §3.5, §4.3 item 4).
     #[tokio::test]
     async fn dual_stack_from_two_cilium_pools_and_one_removed() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c4", blocks(&["10.0.10.0/24"])).await;
         h.cilium_pool("c6", blocks(&["fd00:10::/120"])).await;
         h.add(require_dual("ns/a")).await;
@@ -1130,7 +719,7 @@ mod families {
     /// delete there.
     #[tokio::test]
     async fn half_served_in_a_cilium_pool_completes_from_another() {
-        let h = Harness::new().await;
+        let h = Harness::synced().await;
         h.cilium_pool("c4", blocks(&["10.0.10.0/24"])).await;
         h.cilium_pool("c6", blocks(&["fd00:10::/128"])).await;
         let prefer = |key: &str| {
@@ -1180,7 +769,10 @@ mod takeover {
         assert_eq!(h.ips("ns/b"), "10.0.10.3");
         let records = h.take();
         // No address moved: only our own condition was added.
-        assert_eq!(writes(&records), ["ns/a <- 10.0.10.7", "ns/b <- 10.0.10.3"]);
+        assert_eq!(
+            every_write(&records),
+            ["ns/a <- 10.0.10.7", "ns/b <- 10.0.10.3"]
+        );
         assert!(
             !records.iter().any(|r| matches!(r, Record::Event { .. })),
             "{records:?}"
@@ -1251,7 +843,7 @@ mod takeover {
         assert_eq!(h.ips("ns/c"), "fd00:10::7");
         let records = h.take();
         assert_eq!(
-            writes(&records),
+            every_write(&records),
             [
                 "ns/a <- 10.0.10.7 fd00:10::9",
                 "ns/b <- 10.0.10.3 fd00:10::2",

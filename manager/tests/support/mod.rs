@@ -1,0 +1,763 @@
+//! The machinery of the Manager's integration tests (tests/controller.rs,
+//! tests/cilium.rs): an in-memory client that writes into the shared cache
+//! and echoes every write back as a watch would, Services built as JSON,
+//! and a harness that drives a started Manager and checks the controller's
+//! invariants (docs/allocation.md §6) after every step.
+
+// Each test binary uses a subset of this module.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Namespace, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use manager::{
+    AllocatingController, CiliumCondition, Client, ClientError, ControllerConfig, DashMapStore,
+    Event, EventType, Manager, ManagerConfig, ServiceCondition, ServiceWrite, CONDITION_TYPE,
+    POOL_ANNOTATION,
+};
+use serde_json::{json, Value};
+use subscriber::{CiliumLoadBalancerIPPool, Handler, IPAddressPool};
+use tokio_util::sync::CancellationToken;
+
+// ----- the recording client -----
+
+/// One thing the controller did through the client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Record {
+    Write {
+        key: String,
+        ingress: Vec<String>,
+        pool: Option<String>,
+    },
+    /// A write that changed only the conditions (addresses and pool
+    /// annotation as they were).
+    ConditionWrite { key: String, ingress: Vec<String> },
+    /// A write the client refused (failure injection).
+    FailedWrite { key: String },
+    Event {
+        key: String,
+        event_type: EventType,
+        reason: String,
+        message: String,
+    },
+}
+
+/// Applies writes (both conditions merged, as a host does) to the shared
+/// cache, echoes them to the manager as `on_update(old, new)`, records
+/// writes and events in order, and fails every `fail_every`th write attempt
+/// with a conflict.
+pub(crate) struct RecordingClient {
+    store: Arc<DashMapStore>,
+    manager: Mutex<Option<Manager<AllocatingController>>>,
+    fail_every: Option<u64>,
+    attempts: AtomicU64,
+    log: Mutex<Vec<Record>>,
+}
+
+impl RecordingClient {
+    fn record(&self, record: Record) {
+        self.log.lock().unwrap().push(record);
+    }
+}
+
+/// The addresses of the Service's status, in order.
+fn ips_of(service: &Service) -> Vec<String> {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// The Service's pool annotation.
+fn pool_of(service: &Service) -> Option<&String> {
+    service
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(POOL_ANNOTATION))
+}
+
+#[async_trait]
+impl Client for RecordingClient {
+    async fn write_service(&self, key: &str, write: &ServiceWrite) -> Result<(), ClientError> {
+        let attempt = self.attempts.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.fail_every.is_some_and(|n| attempt.is_multiple_of(n)) {
+            self.record(Record::FailedWrite { key: key.into() });
+            return Err(ClientError::Conflict {
+                key: key.into(),
+                message: "injected conflict".into(),
+            });
+        }
+        let old = self
+            .store
+            .services
+            .get(key)
+            .map(|entry| Arc::clone(entry.value()))
+            .ok_or_else(|| ClientError::NotFound { key: key.into() })?;
+        let mut new = (*old).clone();
+        let ingress: Vec<LoadBalancerIngress> = write
+            .ingress
+            .iter()
+            .map(|ip| LoadBalancerIngress {
+                ip: Some(ip.to_string()),
+                ..Default::default()
+            })
+            .collect();
+        let status = new.status.get_or_insert_with(Default::default);
+        status.load_balancer = Some(LoadBalancerStatus {
+            ingress: (!ingress.is_empty()).then_some(ingress),
+        });
+        let mut conditions = status.conditions.take().unwrap_or_default();
+        let epoch = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        write.merge_conditions(&mut conditions, &epoch);
+        status.conditions = (!conditions.is_empty()).then_some(conditions);
+        let annotations = new.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        match &write.pool {
+            Some(pool) => annotations.insert(POOL_ANNOTATION.into(), pool.clone()),
+            None => annotations.remove(POOL_ANNOTATION),
+        };
+        self.store
+            .services
+            .insert(key.into(), Arc::new(new.clone()));
+        let key = key.to_owned();
+        let ingress = write.ingress.iter().map(IpAddr::to_string).collect();
+        if ips_of(&new) == ips_of(&old) && pool_of(&new) == pool_of(&old) {
+            self.record(Record::ConditionWrite { key, ingress });
+        } else {
+            let pool = write.pool.clone();
+            self.record(Record::Write { key, ingress, pool });
+        }
+        let manager = self.manager.lock().unwrap().clone();
+        if let Some(manager) = manager {
+            manager.on_update(&*old, &new).await.unwrap();
+        }
+        Ok(())
+    }
+
+    async fn emit_event(&self, key: &str, event: &Event) -> Result<(), ClientError> {
+        self.record(Record::Event {
+            key: key.into(),
+            event_type: event.event_type,
+            reason: event.reason.clone(),
+            message: event.message.clone(),
+        });
+        Ok(())
+    }
+}
+
+// ----- objects -----
+
+/// A Service under construction, as the JSON a cluster returns.
+#[derive(Clone, Debug)]
+pub(crate) struct Svc(pub(crate) Value);
+
+/// A `type: LoadBalancer`, single-stack IPv4 Service `namespace/name` with
+/// port 80/TCP, externalTrafficPolicy Cluster and selector `app: name`.
+pub(crate) fn svc(key: &str) -> Svc {
+    let (namespace, name) = key.split_once('/').expect("namespace/name");
+    Svc(json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": {
+            "type": "LoadBalancer",
+            "clusterIP": "10.96.0.10",
+            "clusterIPs": ["10.96.0.10"],
+            "ipFamilies": ["IPv4"],
+            "ipFamilyPolicy": "SingleStack",
+            "ports": [{"name": "tcp-80", "port": 80, "protocol": "TCP"}],
+            "selector": {"app": name},
+            "externalTrafficPolicy": "Cluster",
+        },
+    }))
+}
+
+impl Svc {
+    pub(crate) fn key(&self) -> String {
+        let meta = &self.0["metadata"];
+        format!(
+            "{}/{}",
+            meta["namespace"].as_str().unwrap(),
+            meta["name"].as_str().unwrap()
+        )
+    }
+
+    pub(crate) fn set(mut self, path: &[&str], value: Value) -> Self {
+        let mut at = &mut self.0;
+        for part in path {
+            at = &mut at[*part];
+        }
+        *at = value;
+        self
+    }
+
+    pub(crate) fn unset(mut self, path: &[&str]) -> Self {
+        let (last, parents) = path.split_last().unwrap();
+        let mut at = &mut self.0;
+        for part in parents {
+            at = &mut at[*part];
+        }
+        if let Some(object) = at.as_object_mut() {
+            object.remove(*last);
+        }
+        self
+    }
+
+    /// `metadata.generation`.
+    pub(crate) fn generation(self, generation: i64) -> Self {
+        self.set(&["metadata", "generation"], json!(generation))
+    }
+
+    pub(crate) fn ann(self, key: &str, value: &str) -> Self {
+        self.set(&["metadata", "annotations", key], json!(value))
+    }
+
+    pub(crate) fn no_ann(self, key: &str) -> Self {
+        self.unset(&["metadata", "annotations", key])
+    }
+
+    pub(crate) fn label(self, key: &str, value: &str) -> Self {
+        self.set(&["metadata", "labels", key], json!(value))
+    }
+
+    /// `metallb.io/loadBalancerIPs`.
+    pub(crate) fn request(self, ips: &str) -> Self {
+        self.ann("metallb.io/loadBalancerIPs", ips)
+    }
+
+    /// `metallb.io/address-pool`.
+    pub(crate) fn in_pool(self, pool: &str) -> Self {
+        self.ann("metallb.io/address-pool", pool)
+    }
+
+    /// `metallb.io/allow-shared-ip`.
+    pub(crate) fn shared(self, key: &str) -> Self {
+        self.ann("metallb.io/allow-shared-ip", key)
+    }
+
+    /// `lbipam.cilium.io/ips`.
+    pub(crate) fn cilium_ips(self, ips: &str) -> Self {
+        self.ann("lbipam.cilium.io/ips", ips)
+    }
+
+    /// `lbipam.cilium.io/sharing-key`.
+    pub(crate) fn cilium_key(self, key: &str) -> Self {
+        self.ann("lbipam.cilium.io/sharing-key", key)
+    }
+
+    /// `lbipam.cilium.io/sharing-cross-namespace`.
+    pub(crate) fn cross(self, namespaces: &str) -> Self {
+        self.ann("lbipam.cilium.io/sharing-cross-namespace", namespaces)
+    }
+
+    /// The one port `port`/TCP, named `p`.
+    pub(crate) fn port(self, port: i32) -> Self {
+        self.set(
+            &["spec", "ports"],
+            json!([{"name": "p", "port": port, "protocol": "TCP"}]),
+        )
+    }
+
+    /// These `(protocol, port)`s, named `protocol-port`.
+    pub(crate) fn ports(self, ports: &[(&str, i32)]) -> Self {
+        let ports: Vec<Value> = ports
+            .iter()
+            .map(|(protocol, port)| {
+                json!({
+                    "name": format!("{}-{port}", protocol.to_lowercase()),
+                    "port": port,
+                    "protocol": protocol,
+                })
+            })
+            .collect();
+        self.set(&["spec", "ports"], json!(ports))
+    }
+
+    /// Sets the cluster IPs, the families they imply and a matching
+    /// ipFamilyPolicy (SingleStack or RequireDualStack).
+    pub(crate) fn cluster_ips(self, ips: &[&str]) -> Self {
+        let families: Vec<&str> = ips
+            .iter()
+            .map(|ip| if ip.contains(':') { "IPv6" } else { "IPv4" })
+            .collect();
+        let policy = if ips.len() > 1 {
+            "RequireDualStack"
+        } else {
+            "SingleStack"
+        };
+        self.set(&["spec", "clusterIP"], json!(ips.first()))
+            .set(&["spec", "clusterIPs"], json!(ips))
+            .set(&["spec", "ipFamilies"], json!(families))
+            .set(&["spec", "ipFamilyPolicy"], json!(policy))
+    }
+
+    pub(crate) fn v6(self) -> Self {
+        self.cluster_ips(&["fd96::10"])
+    }
+
+    /// Dual-stack with `policy`, IPv4 first unless `v6_first`.
+    pub(crate) fn dual(self, policy: &str, v6_first: bool) -> Self {
+        let ips = if v6_first {
+            ["fd96::10", "10.96.0.10"]
+        } else {
+            ["10.96.0.10", "fd96::10"]
+        };
+        self.cluster_ips(&ips)
+            .set(&["spec", "ipFamilyPolicy"], json!(policy))
+    }
+
+    pub(crate) fn headless(self) -> Self {
+        self.set(&["spec", "clusterIP"], json!("None"))
+            .set(&["spec", "clusterIPs"], json!(["None"]))
+    }
+
+    pub(crate) fn class(self, class: &str) -> Self {
+        self.set(&["spec", "loadBalancerClass"], json!(class))
+    }
+
+    pub(crate) fn kind(self, type_: &str) -> Self {
+        self.set(&["spec", "type"], json!(type_))
+    }
+
+    pub(crate) fn lb_ip(self, ip: &str) -> Self {
+        self.set(&["spec", "loadBalancerIP"], json!(ip))
+    }
+
+    /// externalTrafficPolicy Local with selector `app: app`.
+    pub(crate) fn local(self, app: &str) -> Self {
+        self.set(&["spec", "externalTrafficPolicy"], json!("Local"))
+            .set(&["spec", "selector"], json!({ "app": app }))
+    }
+
+    pub(crate) fn status(self, ips: &[&str]) -> Self {
+        let ingress: Vec<Value> = ips.iter().map(|ip| json!({ "ip": ip })).collect();
+        self.set(&["status", "loadBalancer", "ingress"], json!(ingress))
+    }
+
+    /// What a previous run of the controller wrote: status, pool annotation
+    /// and condition.
+    pub(crate) fn held(self, ips: &[&str], pool: &str) -> Self {
+        let quoted: Vec<String> = ips.iter().map(|ip| format!("{ip:?}")).collect();
+        let condition = json!([{
+            "type": CONDITION_TYPE,
+            "status": "True",
+            "reason": "Assigned",
+            "message": format!("Assigned IP [{}]", quoted.join(" ")),
+            "lastTransitionTime": "2024-01-01T00:00:00Z",
+        }]);
+        self.status(ips)
+            .ann(POOL_ANNOTATION, pool)
+            .set(&["status", "conditions"], condition)
+    }
+
+    pub(crate) fn build(&self) -> Service {
+        serde_json::from_value(self.0.clone()).unwrap()
+    }
+}
+
+/// An `IPAddressPool` spec with these addresses.
+pub(crate) fn addrs(addresses: &[&str]) -> Value {
+    json!({ "addresses": addresses })
+}
+
+/// A `CiliumLoadBalancerIPPool` spec with these CIDR blocks.
+pub(crate) fn blocks(cidrs: &[&str]) -> Value {
+    let blocks: Vec<Value> = cidrs.iter().map(|c| json!({ "cidr": c })).collect();
+    json!({ "blocks": blocks })
+}
+
+// ----- the harness -----
+
+/// A store, the recording client, the controller and a started manager.
+pub(crate) struct Harness {
+    pub(crate) store: Arc<DashMapStore>,
+    client: Arc<RecordingClient>,
+    pub(crate) controller: Arc<AllocatingController>,
+    pub(crate) manager: Manager<AllocatingController>,
+    cancel: CancellationToken,
+    synced: AtomicBool,
+    /// Records already returned by `take`.
+    read: AtomicUsize,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        // Break the client → manager → controller → client cycle.
+        if let Ok(mut manager) = self.client.manager.lock() {
+            manager.take();
+        }
+    }
+}
+
+impl Harness {
+    /// A harness before sync with the default configuration: objects added
+    /// now are the initial list.
+    pub(crate) fn new() -> Self {
+        Self::with(ControllerConfig::default(), None)
+    }
+
+    /// A harness before sync with this configuration.
+    pub(crate) fn unsynced(config: ControllerConfig) -> Self {
+        Self::with(config, None)
+    }
+
+    /// A harness before sync whose client fails every `fail_every`th write
+    /// attempt (tests/controller.rs's failure tests; `None` elsewhere).
+    pub(crate) fn with(config: ControllerConfig, fail_every: Option<u64>) -> Self {
+        let store = Arc::new(DashMapStore::default());
+        let client = Arc::new(RecordingClient {
+            store: Arc::clone(&store),
+            manager: Mutex::new(None),
+            fail_every,
+            attempts: AtomicU64::new(0),
+            log: Mutex::new(Vec::new()),
+        });
+        let controller = Arc::new(AllocatingController::new(
+            store.clone(),
+            client.clone(),
+            config,
+        ));
+        let manager = Manager::new(
+            store.clone(),
+            Arc::clone(&controller),
+            ManagerConfig::default().retry_base(Duration::from_millis(1)),
+        );
+        *client.manager.lock().unwrap() = Some(manager.clone());
+        let cancel = CancellationToken::new();
+        drop(manager.start(cancel.clone()));
+        Self {
+            store,
+            client,
+            controller,
+            manager,
+            cancel,
+            synced: AtomicBool::new(false),
+            read: AtomicUsize::new(0),
+        }
+    }
+
+    /// A synced harness with the default configuration and no pools.
+    pub(crate) async fn synced() -> Self {
+        Self::synced_with(ControllerConfig::default()).await
+    }
+
+    /// A synced harness with this configuration and no pools.
+    pub(crate) async fn synced_with(config: ControllerConfig) -> Self {
+        let h = Self::unsynced(config);
+        h.sync().await;
+        h
+    }
+
+    /// A synced harness with these pools.
+    pub(crate) async fn with_pools(pools: &[(&str, Value)]) -> Self {
+        let h = Self::new();
+        for (name, spec) in pools {
+            h.pool(name, spec.clone()).await;
+        }
+        h.sync().await;
+        h
+    }
+
+    /// Marks the manager synced (the host's initial list is complete) and
+    /// waits for the sync passes.
+    pub(crate) async fn sync(&self) {
+        self.manager.mark_synced();
+        self.synced.store(true, Ordering::SeqCst);
+        self.settle().await;
+    }
+
+    /// After sync: waits until the manager is idle and checks the
+    /// invariants (before sync nothing is decided).
+    pub(crate) async fn settle(&self) {
+        if !self.synced.load(Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+            return;
+        }
+        tokio::time::timeout(Duration::from_secs(600), self.manager.idle())
+            .await
+            .expect("the manager never became idle");
+        if let Err(problems) = self.controller.check_invariants() {
+            panic!("invariants violated: {problems:#?}");
+        }
+    }
+
+    pub(crate) fn service(&self, key: &str) -> Arc<Service> {
+        self.store
+            .services
+            .get(key)
+            .map(|entry| Arc::clone(entry.value()))
+            .expect("no such service")
+    }
+
+    /// Puts `object` in `map` under `key` and tells the manager, as a
+    /// watch would: an add, or an update if the key exists.
+    async fn upsert<K>(&self, map: &DashMap<String, Arc<K>>, key: String, object: K)
+    where
+        K: Clone + Send + Sync + 'static,
+        Manager<AllocatingController>: Handler<K>,
+    {
+        match map.insert(key, Arc::new(object.clone())) {
+            Some(old) => self.manager.on_update(&*old, &object).await,
+            None => self.manager.on_add(&object).await,
+        }
+        .unwrap();
+        self.settle().await;
+    }
+
+    /// Takes `key` out of `map` and tells the manager.
+    async fn remove<K>(&self, map: &DashMap<String, Arc<K>>, key: &str)
+    where
+        K: Send + Sync + 'static,
+        Manager<AllocatingController>: Handler<K>,
+    {
+        let (_, old) = map.remove(key).unwrap_or_else(|| panic!("no {key}"));
+        self.manager.on_delete(&*old).await.unwrap();
+        self.settle().await;
+    }
+
+    /// Adds the Service, or updates it if the key exists.
+    pub(crate) async fn add(&self, svc: Svc) {
+        self.upsert(&self.store.services, svc.key(), svc.build())
+            .await;
+    }
+
+    /// Updates the Service as a user would: `f` edits the stored object
+    /// (status and annotations the controller wrote included).
+    pub(crate) async fn edit(&self, key: &str, f: impl FnOnce(Svc) -> Svc) {
+        let current = self.service(key);
+        let svc = f(Svc(serde_json::to_value(&*current).unwrap()));
+        assert_eq!(svc.key(), key);
+        self.add(svc).await;
+    }
+
+    /// Deletes the Service and creates it again as `svc` before the worker
+    /// has seen the delete (the two events reach the queue back to back).
+    pub(crate) async fn recreate(&self, svc: Svc) {
+        let key = svc.key();
+        let (_, old) = self.store.services.remove(&key).expect("no such service");
+        self.manager.on_delete(&*old).await.unwrap();
+        let mut service = svc.build();
+        // A re-created object has a new uid, as the API server gives it.
+        service.metadata.uid = Some(format!(
+            "{}-recreated",
+            old.metadata.uid.clone().unwrap_or_default()
+        ));
+        self.store.services.insert(key, Arc::new(service.clone()));
+        self.manager.on_add(&service).await.unwrap();
+        self.settle().await;
+    }
+
+    pub(crate) async fn delete(&self, key: &str) {
+        self.remove(&self.store.services, key).await;
+    }
+
+    /// Adds or updates the `IPAddressPool` `name`.
+    pub(crate) async fn pool(&self, name: &str, spec: Value) {
+        self.pool_created(name, "2024-01-01T00:00:00Z", spec).await;
+    }
+
+    /// Adds or updates the `IPAddressPool` `name`, created at `created`
+    /// (RFC 3339).
+    pub(crate) async fn pool_created(&self, name: &str, created: &str, spec: Value) {
+        let pool: IPAddressPool = serde_json::from_value(json!({
+            "apiVersion": "metallb.io/v1beta1",
+            "kind": "IPAddressPool",
+            "metadata": {"name": name, "namespace": "metallb-system", "creationTimestamp": created},
+            "spec": spec,
+        }))
+        .unwrap();
+        self.upsert(&self.store.pools, name.into(), pool).await;
+    }
+
+    pub(crate) async fn delete_pool(&self, name: &str) {
+        self.remove(&self.store.pools, name).await;
+    }
+
+    /// Adds or updates the `CiliumLoadBalancerIPPool` `name`.
+    pub(crate) async fn cilium_pool(&self, name: &str, spec: Value) {
+        let pool: CiliumLoadBalancerIPPool = serde_json::from_value(json!({
+            "apiVersion": "cilium.io/v2",
+            "kind": "CiliumLoadBalancerIPPool",
+            "metadata": {"name": name, "creationTimestamp": "2024-01-01T00:00:00Z"},
+            "spec": spec,
+        }))
+        .unwrap();
+        self.upsert(&self.store.cilium_pools, name.into(), pool)
+            .await;
+    }
+
+    pub(crate) async fn delete_cilium_pool(&self, name: &str) {
+        self.remove(&self.store.cilium_pools, name).await;
+    }
+
+    /// Adds or updates the Namespace `name` with these labels.
+    pub(crate) async fn namespace(&self, name: &str, labels: &[(&str, &str)]) {
+        let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+        let namespace: Namespace = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels},
+        }))
+        .unwrap();
+        self.upsert(&self.store.namespaces, name.into(), namespace)
+            .await;
+    }
+
+    /// The records since the last call.
+    pub(crate) fn take(&self) -> Vec<Record> {
+        let log = self.client.log.lock().unwrap();
+        let from = self.read.swap(log.len(), Ordering::SeqCst);
+        log[from..].to_vec()
+    }
+
+    /// Every record so far.
+    pub(crate) fn all(&self) -> Vec<Record> {
+        self.client.log.lock().unwrap().clone()
+    }
+
+    /// The controller's condition as `"Status Reason: message"`, or
+    /// `"none"`.
+    pub(crate) fn condition(&self, key: &str) -> String {
+        match ServiceCondition::shown(&self.service(key)) {
+            Some(c) => format!("{} {}: {}", c.status(), c.reason, c.message),
+            None => "none".to_owned(),
+        }
+    }
+
+    /// Cilium's condition as `"Status reason: message"`, or `"none"`.
+    pub(crate) fn cilium(&self, key: &str) -> String {
+        match CiliumCondition::shown(&self.service(key)) {
+            Some(c) => format!("{} {}: {}", c.status(), c.reason, c.message),
+            None => "none".to_owned(),
+        }
+    }
+
+    /// The status addresses, space-separated (`""`: none).
+    pub(crate) fn ips(&self, key: &str) -> String {
+        ips_of(&self.service(key)).join(" ")
+    }
+
+    /// `"10.0.0.1 fd00::1 @pool"` from the Service's status and pool
+    /// annotation, `"none"` when it has neither.
+    pub(crate) fn status(&self, key: &str) -> String {
+        let service = self.service(key);
+        let ips = ips_of(&service);
+        match (ips.is_empty(), pool_of(&service)) {
+            (true, None) => "none".to_owned(),
+            (_, pool) => format!("{} @{}", ips.join(" "), pool.map_or("-", String::as_str)),
+        }
+    }
+
+    pub(crate) fn waiting(&self) -> Vec<String> {
+        self.manager.waiting_keys()
+    }
+
+    pub(crate) fn reconciliations(&self) -> u64 {
+        self.controller.stats().reconciliations
+    }
+}
+
+// ----- the records, compactly -----
+
+/// `"key Type Reason"` of every event.
+pub(crate) fn events(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Event {
+                key,
+                event_type,
+                reason,
+                ..
+            } => Some(format!("{key} {event_type} {reason}")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `"key Reason: message"` of every event.
+pub(crate) fn messages(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Event {
+                key,
+                reason,
+                message,
+                ..
+            } => Some(format!("{key} {reason}: {message}")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `"key Reason: message"` of every Warning event.
+pub(crate) fn warnings(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Event {
+                key,
+                event_type: EventType::Warning,
+                reason,
+                message,
+            } => Some(format!("{key} {reason}: {message}")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `"key <- ips @pool"` of every successful write that changed the
+/// addresses or the pool annotation.
+pub(crate) fn writes(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Write { key, ingress, pool } => Some(format!(
+                "{key} <- {} @{}",
+                ingress.join(" "),
+                pool.as_deref().unwrap_or("-")
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `"key <- ips"` of every successful write, those of the conditions alone
+/// included (tests/cilium.rs counts the writes of Cilium's condition).
+pub(crate) fn every_write(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Write { key, ingress, .. } | Record::ConditionWrite { key, ingress } => {
+                Some(format!("{key} <- {}", ingress.join(" ")))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Address writes and events, compactly, in order (writes of the
+/// condition alone are checked by the condition tests).
+pub(crate) fn log(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Write { .. } => writes(std::slice::from_ref(r)).pop(),
+            Record::FailedWrite { key } => Some(format!("{key} <- FAILED")),
+            Record::Event { .. } => events(std::slice::from_ref(r)).pop(),
+            Record::ConditionWrite { .. } => None,
+        })
+        .collect()
+}
