@@ -16,7 +16,8 @@ use crate::count::{AddressCount, WideCount};
 use crate::error::{AllocError, ShareConflict};
 use crate::group::{GroupIndex, Rank};
 use crate::holders::{tenancies_agree, Holders, Tenancy};
-use crate::pool::{AddrRange, Conflict, Pool, PoolError, PoolKind};
+use crate::pinned::{Fact, Merge, PinnedIndex};
+use crate::pool::{AddrRange, Conflict, Pool, PoolError, PoolKind, Subject};
 use crate::request::{FamilyPolicy, Port, Request, SharingNamespaces, SharingRule};
 use crate::spec::IPAddressPoolSpec;
 use crate::used::UsedSet;
@@ -352,6 +353,9 @@ struct PoolState {
     families: [FamilyState; 2],
     /// Its place in the automatic order, if it has autoAssign.
     auto: Option<AutoKey>,
+    /// What it requires of a Service, if pinned and the rules tell
+    /// (see [`Pool::guard`]).
+    guard: Option<BTreeSet<Fact>>,
 }
 
 impl PoolState {
@@ -364,11 +368,13 @@ impl PoolState {
         // A disabled pool is never a candidate (docs/cilium.md §2.5).
         let auto = (pool.auto_assign && !pool.disabled)
             .then(|| (!pool.is_pinned(), pool.priority_rank(), Arc::clone(&name)));
+        let guard = pool.guard();
         Self {
             pool,
             name,
             families,
             auto,
+            guard,
         }
     }
 
@@ -488,11 +494,71 @@ struct AutoIndex {
     /// Every pool with autoAssign.
     all: BTreeSet<AutoKey>,
     /// Those with a free address of IPv4, of IPv6.
-    open: [BTreeSet<AutoKey>; 2],
+    open: [OpenSet; 2],
     /// Those with a free address of both families.
-    open_both: BTreeSet<AutoKey>,
+    open_both: OpenSet,
     /// Per family and group: those where the group holds addresses.
     groups: [HashMap<Group, BTreeSet<AutoKey>, FastHash>; 2],
+}
+
+/// Automatic pools with room for one question: the pinned ones indexed by
+/// what they require of a Service, so that a Service visits only those
+/// that may serve it (docs/allocation.md §4.9); the others, which serve
+/// every Service, in order.
+#[derive(Debug, Default)]
+struct OpenSet {
+    pinned: PinnedIndex<AutoKey>,
+    unpinned: BTreeSet<AutoKey>,
+}
+
+impl OpenSet {
+    fn insert(&mut self, key: &AutoKey, guard: Option<&BTreeSet<Fact>>) {
+        if key.0 {
+            self.unpinned.insert(key.clone());
+        } else {
+            self.pinned.insert(key, guard);
+        }
+    }
+
+    fn remove(&mut self, key: &AutoKey, guard: Option<&BTreeSet<Fact>>) {
+        if key.0 {
+            self.unpinned.remove(key);
+        } else {
+            self.pinned.remove(key, guard);
+        }
+    }
+
+    fn set(&mut self, key: &AutoKey, guard: Option<&BTreeSet<Fact>>, open: bool) {
+        if open {
+            self.insert(key, guard);
+        } else {
+            self.remove(key, guard);
+        }
+    }
+
+    fn contains(&self, key: &AutoKey) -> bool {
+        if key.0 {
+            self.unpinned.contains(key)
+        } else {
+            self.pinned.contains(key)
+        }
+    }
+
+    /// The pools that may serve `subject`, in the §4.4 order: the pinned
+    /// ones its facts lead to (with the unguarded), then every unpinned
+    /// one. `every_pinned` (tests): every pinned pool, as before the index.
+    fn candidates<'a>(
+        &'a self,
+        subject: &Subject<'_>,
+        every_pinned: bool,
+    ) -> impl Iterator<Item = &'a AutoKey> {
+        let pinned = if every_pinned {
+            Merge::new(vec![self.pinned.all()])
+        } else {
+            self.pinned.candidates(subject)
+        };
+        pinned.chain(self.unpinned.iter())
+    }
 }
 
 /// Pools, holdings and the allocation rules. Plain data: no I/O, no async,
@@ -524,6 +590,10 @@ pub struct Allocator {
     /// recomputation, to compare with the shortcuts.
     #[cfg(test)]
     pub(crate) rebuild_all: bool,
+    /// Tests: walk every pinned pool with room, not only those the index
+    /// of what they require leads to, to compare the choices.
+    #[cfg(test)]
+    pub(crate) every_pinned: bool,
 }
 
 impl Allocator {
@@ -701,6 +771,14 @@ impl Allocator {
         false
     }
 
+    fn walks_every_pinned(&self) -> bool {
+        #[cfg(test)]
+        if self.every_pinned {
+            return true;
+        }
+        false
+    }
+
     fn is_blocking(&self, name: &str) -> bool {
         self.blocking.get(name).is_some_and(|n| *n > 0)
     }
@@ -784,12 +862,13 @@ impl Allocator {
             self.index.remove(&(range.family, range.first));
         }
         if let Some(key) = &state.auto {
+            let guard = state.guard.as_ref();
             self.auto.all.remove(key);
-            self.auto.open_both.remove(key);
+            self.auto.open_both.remove(key, guard);
             for family in FAMILIES {
                 let i = family.index();
                 if let Some(open) = self.auto.open.get_mut(i) {
-                    open.remove(key);
+                    open.remove(key, guard);
                 }
                 if let Some(groups) = self.auto.groups.get_mut(i) {
                     for group in state.family(family).groups.keys() {
@@ -815,11 +894,12 @@ impl Allocator {
             );
         }
         if let Some(key) = &state.auto {
+            let guard = state.guard.as_ref();
             self.auto.all.insert(key.clone());
             for family in FAMILIES {
                 if state.is_open(family) {
                     if let Some(open) = self.auto.open.get_mut(family.index()) {
-                        open.insert(key.clone());
+                        open.insert(key, guard);
                     }
                 }
                 if let Some(groups) = self.auto.groups.get_mut(family.index()) {
@@ -832,7 +912,7 @@ impl Allocator {
                 }
             }
             if state.is_open(Family::V4) && state.is_open(Family::V6) {
-                self.auto.open_both.insert(key.clone());
+                self.auto.open_both.insert(key, guard);
             }
         }
         self.pools.insert(Arc::clone(&state.name), state);
@@ -843,25 +923,18 @@ impl Allocator {
         let Some(state) = self.pools.get(pool) else {
             return;
         };
-        let Some(key) = state.auto.clone() else {
+        let Some(key) = &state.auto else {
             return;
         };
+        let guard = state.guard.as_ref();
         let (open, both) = (
             state.is_open(family),
             state.is_open(Family::V4) && state.is_open(Family::V6),
         );
         if let Some(set) = self.auto.open.get_mut(family.index()) {
-            if open {
-                set.insert(key.clone());
-            } else {
-                set.remove(&key);
-            }
+            set.set(key, guard, open);
         }
-        if both {
-            self.auto.open_both.insert(key);
-        } else {
-            self.auto.open_both.remove(&key);
-        }
+        self.auto.open_both.set(key, guard, both);
     }
 
     /// Books in the automatic index whether `group` holds addresses of
@@ -1988,9 +2061,14 @@ impl Allocator {
         &self,
         families: &[Family],
         group: Option<&str>,
-    ) -> (&BTreeSet<AutoKey>, BTreeSet<&AutoKey>) {
-        static NO_POOLS: BTreeSet<AutoKey> = BTreeSet::new();
-        let open = |family: Family| self.auto.open.get(family.index()).unwrap_or(&NO_POOLS);
+    ) -> (&OpenSet, BTreeSet<&AutoKey>) {
+        let open = |family: Family| {
+            let [v4, v6] = &self.auto.open;
+            match family {
+                Family::V4 => v4,
+                Family::V6 => v6,
+            }
+        };
         let stacks = |family: Family| {
             group.and_then(|group| {
                 self.auto
@@ -2014,16 +2092,19 @@ impl Allocator {
         (&self.auto.open_both, stacking)
     }
 
-    /// The first of the candidates (the two sorted sets merged, lowest
-    /// first) that serves `request` and fits `families`.
+    /// The first of the candidates (those of `with_room` that may serve
+    /// `request`, and `stacking`, merged, lowest first) that serves
+    /// `request` and fits `families`.
     fn first_fit_of(
         &self,
         request: &Request<'_>,
         families: &[Family],
-        with_room: &BTreeSet<AutoKey>,
+        with_room: &OpenSet,
         mut stacking: BTreeSet<&AutoKey>,
     ) -> Option<(Arc<str>, Vec<IpAddr>)> {
-        let mut with_room = with_room.iter().peekable();
+        let mut with_room = with_room
+            .candidates(&request.subject, self.walks_every_pinned())
+            .peekable();
         loop {
             let key = match (with_room.peek(), stacking.first()) {
                 (Some(a), Some(b)) if *b < *a => stacking.pop_first()?,
@@ -2384,6 +2465,12 @@ impl Allocator {
                     .open
                     .get(family.index())
                     .is_some_and(|set| set.contains(key));
+                let both = state.is_open(Family::V4) && state.is_open(Family::V6);
+                if self.auto.open_both.contains(key) != both {
+                    problems.push(format!(
+                        "pool {name}: automatic index of both families is stale"
+                    ));
+                }
                 if booked != state.is_open(family) {
                     problems.push(format!("pool {name} {family}: automatic index is stale"));
                 }

@@ -24,6 +24,7 @@ mod count;
 mod error;
 mod group;
 mod holders;
+mod pinned;
 mod pool;
 mod request;
 mod selector;

@@ -12,6 +12,7 @@ use ipnet::IpNet;
 
 use crate::addr::{from_int, to_int, Family, Usable};
 use crate::count::AddressCount;
+use crate::pinned::Fact;
 use crate::selector::{Selector, SelectorError};
 use crate::spec::{IPAddressPoolSpec, LabelSelectorSpec};
 use pool_types::cilium::{CiliumBlock, CiliumLoadBalancerIPPoolSpec};
@@ -305,6 +306,53 @@ impl ServiceAllocation {
     }
 }
 
+impl ServiceAllocation {
+    /// Facts of which a Service must have one to pass the rules (see
+    /// [`Pool::guard`]). Both the namespace and the Service rule must pass,
+    /// so either one's facts will do: the fewer the better.
+    fn guard(&self) -> Option<BTreeSet<Fact>> {
+        let has_namespace_rule =
+            !self.namespaces.is_empty() || !self.namespace_selectors.is_empty();
+        let namespace = has_namespace_rule
+            .then(|| {
+                let listed = self.namespaces.iter().cloned().map(Fact::Namespace);
+                // No namespace selector: the listed namespaces alone.
+                let labelled = if self.namespace_selectors.is_empty() {
+                    Vec::new()
+                } else {
+                    selectors_facts(&self.namespace_selectors, |k, v| {
+                        Fact::NamespaceLabel(k.to_owned(), v.to_owned())
+                    })?
+                };
+                Some(listed.chain(labelled).collect::<BTreeSet<Fact>>())
+            })
+            .flatten();
+        let service = selectors_facts(&self.service_selectors, |k, v| {
+            Fact::Label(k.to_owned(), v.to_owned())
+        })
+        .map(BTreeSet::from_iter);
+        match (namespace, service) {
+            (Some(namespace), Some(service)) if service.len() < namespace.len() => Some(service),
+            (namespace, service) => namespace.or(service),
+        }
+    }
+}
+
+/// The facts of which a Service must have one to match any of `selectors`
+/// (they are ORed): each selector's required pairs, as `fact` makes them.
+/// `None` when there is no selector or one requires no pair.
+fn selectors_facts(selectors: &[Selector], fact: impl Fn(&str, &str) -> Fact) -> Option<Vec<Fact>> {
+    if selectors.is_empty() {
+        return None;
+    }
+    let mut facts = Vec::new();
+    for selector in selectors {
+        let pairs = selector.required_pairs()?;
+        facts.extend(pairs.into_iter().map(|(k, v)| fact(k, v)));
+    }
+    Some(facts)
+}
+
 /// A validated pool of either kind (docs/cilium.md §2.6).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pool {
@@ -449,6 +497,25 @@ impl Pool {
         self.allocation
             .as_ref()
             .and_then(|allocation| allocation.unserved(subject))
+    }
+
+    /// What a pinned pool requires: facts of which a Service it serves has
+    /// at least one (docs/allocation.md §4.9), or `None` when its rules
+    /// name none (only `NotIn`, `Exists`, `DoesNotExist`, an empty
+    /// selector, or no rule). Necessary, not sufficient: the pools found by
+    /// it are still asked [`Pool::serves`]. Cilium's pseudo-labels are the
+    /// Service's namespace and name, whatever real labels of their keys say.
+    pub(crate) fn guard(&self) -> Option<BTreeSet<Fact>> {
+        if let Some(selector) = &self.selector {
+            let pairs = selector.required_pairs()?;
+            let facts = pairs.into_iter().map(|(key, value)| match key {
+                SERVICE_NAME_LABEL => Fact::Name(value.to_owned()),
+                SERVICE_NAMESPACE_LABEL => Fact::Namespace(value.to_owned()),
+                _ => Fact::Label(key.to_owned(), value.to_owned()),
+            });
+            return Some(facts.collect());
+        }
+        self.allocation.as_ref()?.guard()
     }
 
     /// Which addresses of `family` may be handed out.
@@ -865,6 +932,111 @@ mod tests {
         assert!(open.is_pinned());
         assert_eq!(open.priority_rank(), u64::MAX);
         assert!(open.serves(&subject("any", &empty, &empty)));
+    }
+
+    /// What each kind of rule makes a pool require of a Service.
+    #[test]
+    fn guards_name_what_a_served_service_must_have() {
+        let labels = |pairs: &[(&str, &str)]| LabelSelectorSpec {
+            match_labels: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            match_expressions: vec![],
+        };
+        let metallb = |allocation: ServiceAllocationSpec| {
+            let mut s = spec(&["10.0.0.0/24"]);
+            s.service_allocation = Some(allocation);
+            let guard = Pool::parse("p", &s).unwrap().guard();
+            guard.map(|facts| format!("{facts:?}"))
+        };
+        let guard = |allocation| metallb(allocation).unwrap_or_else(|| "none".into());
+        assert_eq!(
+            guard(ServiceAllocationSpec {
+                namespaces: vec!["b".into(), "a".into()],
+                ..Default::default()
+            }),
+            r#"{Namespace("a"), Namespace("b")}"#
+        );
+        // Namespaces and namespace selectors are ORed: all their facts.
+        assert_eq!(
+            guard(ServiceAllocationSpec {
+                namespaces: vec!["a".into()],
+                namespace_selectors: vec![labels(&[("tier", "gold")])],
+                ..Default::default()
+            }),
+            r#"{Namespace("a"), NamespaceLabel("tier", "gold")}"#
+        );
+        // One namespace selector that names nothing: the namespace rule
+        // tells nothing, the Service rule still does.
+        assert_eq!(
+            guard(ServiceAllocationSpec {
+                namespaces: vec!["a".into()],
+                namespace_selectors: vec![selector("tier", "Exists", &[])],
+                service_selectors: vec![
+                    labels(&[("app", "web")]),
+                    selector("app", "In", &["api", "db"])
+                ],
+                ..Default::default()
+            }),
+            r#"{Label("app", "api"), Label("app", "db"), Label("app", "web")}"#
+        );
+        // Both rules tell: the one with fewer facts.
+        assert_eq!(
+            guard(ServiceAllocationSpec {
+                namespaces: vec!["a".into(), "b".into()],
+                service_selectors: vec![labels(&[("app", "web"), ("tier", "x")])],
+                ..Default::default()
+            }),
+            r#"{Label("app", "web")}"#
+        );
+        assert_eq!(
+            guard(ServiceAllocationSpec {
+                service_selectors: vec![labels(&[("app", "web")]), LabelSelectorSpec::default()],
+                ..Default::default()
+            }),
+            "none"
+        );
+        assert_eq!(
+            guard(ServiceAllocationSpec {
+                service_selectors: vec![selector("app", "NotIn", &["db"])],
+                ..Default::default()
+            }),
+            "none"
+        );
+        assert_eq!(guard(ServiceAllocationSpec::default()), "none");
+        // MetalLB sees no pseudo-labels: a real label of that key.
+        assert_eq!(
+            guard(ServiceAllocationSpec {
+                service_selectors: vec![labels(&[(SERVICE_NAMESPACE_LABEL, "a")])],
+                ..Default::default()
+            }),
+            format!("{{Label(\"{SERVICE_NAMESPACE_LABEL}\", \"a\")}}")
+        );
+        // Cilium: the pseudo-labels are the namespace and the name.
+        let cilium = |selector: Option<LabelSelectorSpec>| {
+            let spec = CiliumLoadBalancerIPPoolSpec {
+                service_selector: selector,
+                ..Default::default()
+            };
+            let guard = Pool::parse_cilium("p", &spec).unwrap().guard();
+            guard.map(|facts| format!("{facts:?}"))
+        };
+        assert_eq!(
+            cilium(Some(labels(&[(SERVICE_NAMESPACE_LABEL, "a")]))).as_deref(),
+            Some(r#"{Namespace("a")}"#)
+        );
+        assert_eq!(
+            cilium(Some(selector(SERVICE_NAME_LABEL, "In", &["x", "y"]))).as_deref(),
+            Some(r#"{Name("x"), Name("y")}"#)
+        );
+        assert_eq!(
+            cilium(Some(labels(&[("app", "web")]))).as_deref(),
+            Some(r#"{Label("app", "web")}"#)
+        );
+        assert_eq!(cilium(Some(LabelSelectorSpec::default())), None);
+        assert_eq!(cilium(Some(selector("app", "Exists", &[]))), None);
+        assert_eq!(cilium(None), None);
     }
 
     #[test]

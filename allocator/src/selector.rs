@@ -103,6 +103,30 @@ impl Selector {
     }
 }
 
+impl Selector {
+    /// Label pairs of which every label set the selector matches has at
+    /// least one: the values of its most selective `matchLabels` entry or
+    /// `In` expression (the fewest values, the first of equals). `None`
+    /// when it has neither (only `NotIn`, `Exists`, `DoesNotExist`, or
+    /// nothing): then no one pair is needed. For indexing pinned pools by
+    /// what they require (docs/allocation.md §4.9).
+    pub(crate) fn required_pairs(&self) -> Option<Vec<(&str, &str)>> {
+        let mut best: Option<(&str, Vec<&str>)> = None;
+        for requirement in &self.requirements {
+            let (key, values): (&str, Vec<&str>) = match requirement {
+                Requirement::Equals(key, value) => (key, vec![value.as_str()]),
+                Requirement::In(key, values) => (key, values.iter().map(String::as_str).collect()),
+                _ => continue,
+            };
+            if best.as_ref().is_none_or(|(_, b)| values.len() < b.len()) {
+                best = Some((key, values));
+            }
+        }
+        let (key, values) = best?;
+        Some(values.into_iter().map(|value| (key, value)).collect())
+    }
+}
+
 impl fmt::Display for Selector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts: Vec<String> = self
@@ -184,6 +208,61 @@ mod tests {
         assert!(Selector::parse(&LabelSelectorSpec::default())
             .unwrap()
             .matches(&labels(&[])));
+    }
+
+    #[test]
+    fn required_pairs_of_the_most_selective_requirement() {
+        let parse = |labels: &[(&str, &str)], expressions: &[(&str, &str, &[&str])]| {
+            Selector::parse(&LabelSelectorSpec {
+                match_labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                match_expressions: expressions
+                    .iter()
+                    .map(|(key, operator, values)| LabelSelectorRequirementSpec {
+                        key: key.to_string(),
+                        operator: operator.to_string(),
+                        values: values.iter().map(|v| v.to_string()).collect(),
+                    })
+                    .collect(),
+            })
+            .unwrap()
+        };
+        let pairs = |s: &Selector| s.required_pairs().map(|p| format!("{p:?}"));
+        assert_eq!(pairs(&parse(&[], &[])), None);
+        let only_negative = parse(
+            &[],
+            &[
+                ("a", "NotIn", &["x"]),
+                ("b", "Exists", &[]),
+                ("c", "DoesNotExist", &[]),
+            ],
+        );
+        assert_eq!(pairs(&only_negative), None);
+        let with_in = parse(&[], &[("a", "NotIn", &["x"]), ("t", "In", &["b", "a"])]);
+        assert_eq!(
+            pairs(&with_in).as_deref(),
+            Some(r#"[("t", "a"), ("t", "b")]"#)
+        );
+        let both = parse(&[("z", "1")], &[("t", "In", &["a", "b"])]);
+        assert_eq!(pairs(&both).as_deref(), Some(r#"[("z", "1")]"#));
+        // Every label set the selector matches has one of the pairs.
+        for selector in [with_in, both] {
+            let required = selector.required_pairs().unwrap();
+            for labels in [
+                labels(&[("t", "a")]),
+                labels(&[("t", "b"), ("z", "1")]),
+                labels(&[("z", "1")]),
+                labels(&[("t", "c"), ("z", "2")]),
+            ] {
+                if selector.matches(&labels) {
+                    assert!(required
+                        .iter()
+                        .any(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v)));
+                }
+            }
+        }
     }
 
     #[test]

@@ -24,14 +24,14 @@ fn pool_spec(addresses: &[&str]) -> IPAddressPoolSpec {
     }
 }
 
-static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
-
 /// A Service request with owned parts, for tests.
 #[derive(Clone, Debug)]
 struct Svc {
     key: String,
     namespace: String,
     labels: BTreeMap<String, String>,
+    /// Its Namespace's labels.
+    namespace_labels: BTreeMap<String, String>,
     families: FamilyPolicy,
     sharing: String,
     rule: SharingRule,
@@ -48,6 +48,7 @@ fn svc(key: &str) -> Svc {
         key: key.to_owned(),
         namespace: key.split('/').next().unwrap_or("default").to_owned(),
         labels: BTreeMap::new(),
+        namespace_labels: BTreeMap::new(),
         families: FamilyPolicy::Single(Family::V4),
         sharing: String::new(),
         rule: SharingRule::MetalLb,
@@ -74,7 +75,7 @@ impl Svc {
                 name: self.key.split('/').nth(1).unwrap_or(&self.key),
                 namespace: &self.namespace,
                 labels: &self.labels,
-                namespace_labels: &NO_LABELS,
+                namespace_labels: &self.namespace_labels,
             },
             families: self.families,
             sharing_key: &self.sharing,
@@ -1192,6 +1193,68 @@ mod cost {
         assert_eq!(a.allocate(&listed.req()).unwrap().ips, vec![ip(&v4(0))]);
         assert_linear(&a, N + 1, 16);
     }
+
+    /// P pools each pinned to its own namespace, then a Service in each
+    /// of those namespaces and one in a namespace no pool names: each
+    /// visits the pools its namespace leads to, not every pinned pool with
+    /// room before its own (the walk over them took ~P² steps). Returns the
+    /// steps the Services took.
+    fn namespace_pinned(pools: u32, cilium: bool, every_pinned: bool) -> u64 {
+        let mut a = Allocator::new();
+        a.every_pinned = every_pinned;
+        for p in 0..pools {
+            let (name, namespace) = (format!("p{p:05}"), format!("ns-{p:05}"));
+            let cidr = format!("{}/28", v4(16 * p));
+            if cilium {
+                let spec = crate::cilium::CiliumLoadBalancerIPPoolSpec {
+                    blocks: vec![crate::cilium::CiliumBlock {
+                        cidr: Some(cidr),
+                        ..Default::default()
+                    }],
+                    service_selector: Some(LabelSelectorSpec {
+                        match_labels: [(SERVICE_NAMESPACE_LABEL.to_owned(), namespace)].into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                };
+                a.set_cilium_pool(&name, &spec);
+            } else {
+                let spec = IPAddressPoolSpec {
+                    service_allocation: Some(ServiceAllocationSpec {
+                        namespaces: vec![namespace],
+                        ..Default::default()
+                    }),
+                    ..pool_spec(&[&cidr])
+                };
+                a.set_pool(&name, &spec);
+            }
+        }
+        a.set_pool("rest", &pool_spec(&["10.200.0.0/16"]));
+        let before = a.steps();
+        for p in 0..pools {
+            let holding = a.allocate(&svc(&format!("ns-{p:05}/s")).req()).unwrap();
+            assert_eq!(holding.pool, format!("p{p:05}"));
+            let holding = a.allocate(&svc(&format!("elsewhere-{p}/s")).req()).unwrap();
+            assert_eq!(holding.pool, "rest");
+        }
+        a.steps() - before
+    }
+
+    #[test]
+    fn services_visit_only_the_pools_pinned_to_their_namespace() {
+        for cilium in [false, true] {
+            let indexed = namespace_pinned(2000, cilium, false);
+            assert!(indexed <= 2 * 2000 * 4, "cilium {cilium}: {indexed} steps");
+            // The bound means something: at a fifth of the size, the walk
+            // over every pinned pool already takes 20 times the steps.
+            let indexed = namespace_pinned(400, cilium, false);
+            let walked = namespace_pinned(400, cilium, true);
+            assert!(
+                walked > 20 * indexed,
+                "cilium {cilium}: {walked} vs {indexed}"
+            );
+        }
+    }
 }
 
 // ----- Cilium pools and sharing (docs/cilium.md §2, §3.4, §4) -----
@@ -1891,5 +1954,417 @@ mod two_pools {
             Err(AllocError::DifferentPools { .. })
         ));
         a.check_invariants().unwrap();
+    }
+}
+
+// ----- The index of pinned pools (docs/allocation.md §4.9) -----
+
+/// A Service visits only the pinned pools its facts lead to, and the
+/// choices are those of the walk over every pinned pool.
+mod pinned_index {
+    use super::*;
+    use crate::cilium::{CiliumBlock, CiliumLoadBalancerIPPoolSpec};
+    use crate::spec::LabelSelectorRequirementSpec;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn selector(
+        pairs: &[(&str, &str)],
+        expressions: &[(&str, &str, &[&str])],
+    ) -> LabelSelectorSpec {
+        LabelSelectorSpec {
+            match_labels: labels(pairs),
+            match_expressions: expressions
+                .iter()
+                .map(|(key, operator, values)| LabelSelectorRequirementSpec {
+                    key: key.to_string(),
+                    operator: operator.to_string(),
+                    values: values.iter().map(|v| v.to_string()).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    fn metallb(addresses: &[&str], allocation: ServiceAllocationSpec) -> IPAddressPoolSpec {
+        IPAddressPoolSpec {
+            service_allocation: Some(allocation),
+            ..pool_spec(addresses)
+        }
+    }
+
+    fn cilium(cidrs: &[&str], selector: Option<LabelSelectorSpec>) -> CiliumLoadBalancerIPPoolSpec {
+        CiliumLoadBalancerIPPoolSpec {
+            blocks: cidrs
+                .iter()
+                .map(|cidr| CiliumBlock {
+                    cidr: Some(cidr.to_string()),
+                    ..Default::default()
+                })
+                .collect(),
+            service_selector: selector,
+            ..Default::default()
+        }
+    }
+
+    /// Pinned pools of every kind of rule, guarded and not, and one
+    /// unpinned pool.
+    fn mixed(every_pinned: bool) -> Allocator {
+        let mut a = Allocator::new();
+        a.every_pinned = every_pinned;
+        let only = |namespaces: &[&str]| ServiceAllocationSpec {
+            namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        };
+        a.set_pool(
+            "a-prod",
+            &metallb(
+                &["10.1.0.0/30"],
+                ServiceAllocationSpec {
+                    priority: Some(1),
+                    ..only(&["prod"])
+                },
+            ),
+        );
+        let web_or_api = selector(&[], &[("app", "In", &["web", "api"])]);
+        a.set_pool(
+            "b-web-or-api",
+            &metallb(
+                &["10.2.0.0/30"],
+                ServiceAllocationSpec {
+                    priority: Some(2),
+                    service_selectors: vec![web_or_api],
+                    ..Default::default()
+                },
+            ),
+        );
+        let not_db = selector(&[], &[("app", "NotIn", &["db"])]);
+        a.set_pool(
+            "c-not-db",
+            &metallb(
+                &["10.3.0.0/32"],
+                ServiceAllocationSpec {
+                    priority: Some(3),
+                    service_selectors: vec![not_db],
+                    ..Default::default()
+                },
+            ),
+        );
+        let edge = selector(&[("tier", "edge")], &[]);
+        a.set_pool(
+            "d-dev-edge",
+            &metallb(
+                &["10.4.0.0/30"],
+                ServiceAllocationSpec {
+                    service_selectors: vec![edge],
+                    ..only(&["dev"])
+                },
+            ),
+        );
+        let gold = selector(&[("tier", "gold")], &[]);
+        a.set_pool(
+            "e-gold-namespaces",
+            &metallb(
+                &["10.5.0.0/30"],
+                ServiceAllocationSpec {
+                    namespace_selectors: vec![gold],
+                    ..Default::default()
+                },
+            ),
+        );
+        let in_dev = selector(&[(SERVICE_NAMESPACE_LABEL, "dev")], &[]);
+        a.set_cilium_pool("f-cilium-dev", &cilium(&["10.6.0.0/30"], Some(in_dev)));
+        let named = selector(&[], &[(SERVICE_NAME_LABEL, "In", &["x", "y"])]);
+        a.set_cilium_pool("g-cilium-xy", &cilium(&["10.7.0.0/30"], Some(named)));
+        let labelled = selector(&[], &[("app", "Exists", &[])]);
+        a.set_cilium_pool("h-cilium-app", &cilium(&["10.8.0.0/32"], Some(labelled)));
+        a.set_pool("z-rest", &pool_spec(&["10.9.0.0/24"]));
+        a
+    }
+
+    /// Services in every case, each with the pool it gets (in order: full
+    /// pools drop out of the index).
+    fn cases() -> Vec<(Svc, &'static str)> {
+        let with = |key: &str, pairs: &[(&str, &str)]| {
+            let mut s = svc(key);
+            s.labels = labels(pairs);
+            s
+        };
+        let mut gold = svc("shop/g");
+        gold.namespace_labels = labels(&[("tier", "gold")]);
+        vec![
+            (svc("prod/p1"), "a-prod"),
+            (with("other/w", &[("app", "web")]), "b-web-or-api"),
+            (with("other/a", &[("app", "api")]), "b-web-or-api"),
+            // No app label: NotIn matches; then the pool is full.
+            (svc("other/n"), "c-not-db"),
+            (
+                with("dev/e", &[("app", "db"), ("tier", "edge")]),
+                "d-dev-edge",
+            ),
+            (with("dev/plain", &[("app", "db")]), "f-cilium-dev"),
+            (gold, "e-gold-namespaces"),
+            // A real label of the pseudo-label's key does not pin it in.
+            (
+                with("qa/x", &[(SERVICE_NAMESPACE_LABEL, "dev")]),
+                "g-cilium-xy",
+            ),
+            (with("qa/z", &[("app", "db")]), "h-cilium-app"),
+            (with("qa/q", &[("app", "db")]), "z-rest"),
+            (svc("qa/r"), "z-rest"),
+        ]
+    }
+
+    #[test]
+    fn a_mix_of_pinned_pools_chooses_as_the_walk_over_every_one() {
+        let mut indexed = mixed(false);
+        let mut walked = mixed(true);
+        for (service, pool) in cases() {
+            let got = indexed.allocate(&service.req()).map(|h| h.pool);
+            assert_eq!(got.as_deref(), Ok(pool), "{}", service.key);
+            assert_eq!(
+                walked.allocate(&service.req()).map(|h| h.pool),
+                got,
+                "{}",
+                service.key
+            );
+        }
+        assert_eq!(indexed.holdings(), walked.holdings());
+        indexed.check_invariants().unwrap();
+        assert!(indexed.steps() < walked.steps());
+    }
+
+    #[test]
+    fn a_service_no_pinned_pool_names_visits_the_unguarded_ones_only() {
+        let a = mixed(false);
+        let before = a.steps();
+        let holding = a.choose_new(&svc("qa/r").req()).unwrap();
+        assert_eq!(&*holding.0 .0, "c-not-db");
+        // c-not-db, served; and its lowest free address.
+        assert_eq!(a.steps() - before, 2);
+        let before = a.steps();
+        let mut db = svc("qa/r");
+        db.labels = labels(&[("app", "db")]);
+        assert_eq!(&*a.choose_new(&db.req()).unwrap().0 .0, "h-cilium-app");
+        // c-not-db, h-cilium-app, and the lowest free address.
+        assert_eq!(a.steps() - before, 3);
+    }
+
+    const NAMESPACES: [&str; 3] = ["a", "b", "c"];
+    const NAMES: [&str; 3] = ["s0", "s1", "s2"];
+    const KEYS: [&str; 4] = ["app", "tier", SERVICE_NAMESPACE_LABEL, SERVICE_NAME_LABEL];
+    const VALUES: [&str; 6] = ["x", "y", "a", "b", "s0", "s1"];
+    const OPERATORS: [&str; 4] = ["In", "NotIn", "Exists", "DoesNotExist"];
+
+    fn pick<'a>(list: &[&'a str], i: usize) -> &'a str {
+        list.get(i % list.len()).copied().unwrap_or_default()
+    }
+
+    fn label_map(pairs: &BTreeMap<usize, usize>) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (pick(&KEYS, *k).to_owned(), pick(&VALUES, *v).to_owned()))
+            .collect()
+    }
+
+    fn a_selector() -> impl Strategy<Value = LabelSelectorSpec> {
+        let expression = (
+            0..KEYS.len(),
+            0..OPERATORS.len(),
+            prop::collection::btree_set(0..VALUES.len(), 1..3),
+        );
+        (
+            prop::collection::btree_map(0..KEYS.len(), 0..VALUES.len(), 0..2),
+            prop::collection::vec(expression, 0..3),
+        )
+            .prop_map(|(pairs, expressions)| LabelSelectorSpec {
+                match_labels: label_map(&pairs),
+                match_expressions: expressions
+                    .into_iter()
+                    .map(|(key, operator, values)| {
+                        let operator = pick(&OPERATORS, operator);
+                        let with_values = matches!(operator, "In" | "NotIn");
+                        LabelSelectorRequirementSpec {
+                            key: pick(&KEYS, key).to_owned(),
+                            operator: operator.to_owned(),
+                            values: values
+                                .iter()
+                                .filter(|_| with_values)
+                                .map(|v| pick(&VALUES, *v).to_owned())
+                                .collect(),
+                        }
+                    })
+                    .collect(),
+            })
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// MetalLB pool `m{pool}`; `None`: unpinned.
+        SetPool {
+            pool: u8,
+            dual: bool,
+            allocation: Option<ServiceAllocationSpec>,
+        },
+        /// Cilium pool `c{pool}`.
+        SetCiliumPool {
+            pool: u8,
+            dual: bool,
+            selector: Option<LabelSelectorSpec>,
+        },
+        RemovePool {
+            pool: u8,
+        },
+        Allocate {
+            service: Box<Svc>,
+        },
+        Release {
+            namespace: usize,
+            name: usize,
+        },
+    }
+
+    fn an_allocation() -> impl Strategy<Value = ServiceAllocationSpec> {
+        (
+            proptest::option::of(0i64..3),
+            prop::collection::btree_set(0..NAMESPACES.len(), 0..3),
+            prop::collection::vec(a_selector(), 0..2),
+            prop::collection::vec(a_selector(), 0..3),
+        )
+            .prop_map(
+                |(priority, namespaces, namespace_selectors, service_selectors)| {
+                    ServiceAllocationSpec {
+                        priority,
+                        namespaces: namespaces
+                            .iter()
+                            .map(|n| pick(&NAMESPACES, *n).to_owned())
+                            .collect(),
+                        namespace_selectors,
+                        service_selectors,
+                    }
+                },
+            )
+    }
+
+    fn a_service() -> impl Strategy<Value = Svc> {
+        let pairs = || prop::collection::btree_map(0..KEYS.len(), 0..VALUES.len(), 0..3);
+        (
+            0..NAMESPACES.len(),
+            0..NAMES.len(),
+            pairs(),
+            pairs(),
+            0u8..4,
+        )
+            .prop_map(
+                |(namespace, name, service_labels, namespace_labels, family)| {
+                    let key = format!("{}/{}", pick(&NAMESPACES, namespace), pick(&NAMES, name));
+                    let s = svc(&key);
+                    let mut s = match family {
+                        0 => s,
+                        1 => s.v6(),
+                        2 => s.dual(),
+                        _ => s.prefer(Family::V4),
+                    };
+                    s.labels = label_map(&service_labels);
+                    s.namespace_labels = label_map(&namespace_labels);
+                    s
+                },
+            )
+    }
+
+    fn an_op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            2 => (0u8..4, any::<bool>(), proptest::option::of(an_allocation()))
+                .prop_map(|(pool, dual, allocation)| Op::SetPool { pool, dual, allocation }),
+            2 => (0u8..4, any::<bool>(), proptest::option::of(a_selector()))
+                .prop_map(|(pool, dual, selector)| Op::SetCiliumPool { pool, dual, selector }),
+            1 => (0u8..4).prop_map(|pool| Op::RemovePool { pool }),
+            6 => a_service().prop_map(|service| Op::Allocate { service: Box::new(service) }),
+            2 => (0..NAMESPACES.len(), 0..NAMES.len()).prop_map(|(namespace, name)| Op::Release { namespace, name }),
+        ]
+    }
+
+    /// Pool `pool` of kind `kind` (0 MetalLB, 1 Cilium): four addresses of
+    /// IPv4, and two of IPv6 if `dual`.
+    fn addresses(kind: u8, pool: u8, dual: bool) -> Vec<String> {
+        let mut list = vec![format!("10.{kind}.{pool}.0/30")];
+        if dual {
+            list.push(format!("fd00:{kind}:{pool}::/127"));
+        }
+        list
+    }
+
+    fn apply(a: &mut Allocator, op: &Op) -> String {
+        match op {
+            Op::SetPool {
+                pool,
+                dual,
+                allocation,
+            } => {
+                let list = addresses(0, *pool, *dual);
+                let list: Vec<&str> = list.iter().map(String::as_str).collect();
+                let spec = IPAddressPoolSpec {
+                    service_allocation: allocation.clone(),
+                    ..pool_spec(&list)
+                };
+                format!("{:?}", a.set_pool(&format!("m{pool}"), &spec).released)
+            }
+            Op::SetCiliumPool {
+                pool,
+                dual,
+                selector,
+            } => {
+                let list = addresses(1, *pool, *dual);
+                let list: Vec<&str> = list.iter().map(String::as_str).collect();
+                let spec = cilium(&list, selector.clone());
+                format!(
+                    "{:?}",
+                    a.set_cilium_pool(&format!("c{pool}"), &spec).released
+                )
+            }
+            Op::RemovePool { pool } => {
+                let metallb = a.remove_pool(&format!("m{pool}")).released;
+                let cilium = a.remove_cilium_pool(&format!("c{pool}")).released;
+                format!("{metallb:?} {cilium:?}")
+            }
+            Op::Allocate { service } => format!("{:?}", a.allocate(&service.req())),
+            Op::Release { namespace, name } => {
+                let key = format!("{}/{}", pick(&NAMESPACES, *namespace), pick(&NAMES, *name));
+                format!("{:?}", a.release(&key))
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// Guarded and unguarded pinned pools of both kinds, unpinned ones,
+        /// Services of every family with any labels: every answer is the
+        /// walk's over every pinned pool, and no more pools are visited.
+        #[test]
+        fn the_index_chooses_as_the_walk_over_every_pinned_pool(ops in prop::collection::vec(an_op(), 1..60)) {
+            let run = |every_pinned: bool| {
+                let mut a = Allocator::new();
+                a.every_pinned = every_pinned;
+                let mut answers = Vec::new();
+                let mut broken = Vec::new();
+                for op in &ops {
+                    answers.push(apply(&mut a, op));
+                    if let Err(problems) = a.check_invariants() {
+                        broken.push(format!("after {op:?}: {problems:?}"));
+                    }
+                }
+                (answers, a.holdings(), a.steps(), broken)
+            };
+            let (indexed, walked) = (run(false), run(true));
+            prop_assert!(indexed.3.is_empty(), "{:?}", indexed.3);
+            prop_assert_eq!(&indexed.0, &walked.0);
+            prop_assert_eq!(&indexed.1, &walked.1);
+            prop_assert!(indexed.2 <= walked.2, "{} steps, the walk {}", indexed.2, walked.2);
+        }
     }
 }

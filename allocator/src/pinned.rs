@@ -1,0 +1,267 @@
+//! An index of pinned pools by what they require of a Service
+//! (docs/allocation.md §4.9): a Service visits only the pinned pools that
+//! may serve it, not every pinned pool of the cluster.
+//!
+//! Each pinned pool has a *guard* ([`crate::Pool::guard`]): facts of which
+//! a Service must have at least one for the pool to serve it, or none when
+//! the pool's rules name no such fact (it is then *unguarded*, and every
+//! Service visits it). A guard is necessary, not sufficient: the pools a
+//! Service visits must still be asked whether they serve it.
+
+use std::collections::{btree_set, BTreeSet, HashMap};
+use std::iter::Peekable;
+
+use crate::pool::Subject;
+
+type FastHash = foldhash::fast::RandomState;
+
+/// One thing a Service may have that a pinned pool may require.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Fact {
+    /// It lives in this namespace.
+    Namespace(String),
+    /// It has this name (Cilium's pseudo-label `io.kubernetes.service.name`).
+    Name(String),
+    /// It has this label (key, value).
+    Label(String, String),
+    /// Its Namespace has this label (key, value).
+    NamespaceLabel(String, String),
+}
+
+/// Per label key and value, the pools needing it.
+type ByPair<K> = HashMap<String, HashMap<String, BTreeSet<K>, FastHash>, FastHash>;
+
+/// Pinned pools (by their sort key `K`) per fact they may require.
+#[derive(Debug)]
+pub(crate) struct PinnedIndex<K> {
+    /// Every pool in the index, guarded or not.
+    all: BTreeSet<K>,
+    /// Pools whose rules name no fact.
+    unguarded: BTreeSet<K>,
+    namespaces: HashMap<String, BTreeSet<K>, FastHash>,
+    names: HashMap<String, BTreeSet<K>, FastHash>,
+    labels: ByPair<K>,
+    namespace_labels: ByPair<K>,
+}
+
+impl<K> Default for PinnedIndex<K> {
+    fn default() -> Self {
+        PinnedIndex {
+            all: BTreeSet::new(),
+            unguarded: BTreeSet::new(),
+            namespaces: HashMap::default(),
+            names: HashMap::default(),
+            labels: HashMap::default(),
+            namespace_labels: HashMap::default(),
+        }
+    }
+}
+
+impl<K: Ord + Clone> PinnedIndex<K> {
+    /// Adds `key` under each fact of `guard` (under none: unguarded).
+    pub(crate) fn insert(&mut self, key: &K, guard: Option<&BTreeSet<Fact>>) {
+        if !self.all.insert(key.clone()) {
+            return;
+        }
+        let Some(facts) = guard else {
+            self.unguarded.insert(key.clone());
+            return;
+        };
+        for fact in facts {
+            let set = match fact {
+                Fact::Namespace(n) => self.namespaces.entry(n.clone()).or_default(),
+                Fact::Name(n) => self.names.entry(n.clone()).or_default(),
+                Fact::Label(k, v) => pair_entry(&mut self.labels, k, v),
+                Fact::NamespaceLabel(k, v) => pair_entry(&mut self.namespace_labels, k, v),
+            };
+            set.insert(key.clone());
+        }
+    }
+
+    /// Takes `key` out; `guard` must be the one it was added with.
+    pub(crate) fn remove(&mut self, key: &K, guard: Option<&BTreeSet<Fact>>) {
+        if !self.all.remove(key) {
+            return;
+        }
+        let Some(facts) = guard else {
+            self.unguarded.remove(key);
+            return;
+        };
+        for fact in facts {
+            match fact {
+                Fact::Namespace(n) => remove_from(&mut self.namespaces, n, key),
+                Fact::Name(n) => remove_from(&mut self.names, n, key),
+                Fact::Label(k, v) => remove_pair(&mut self.labels, k, v, key),
+                Fact::NamespaceLabel(k, v) => remove_pair(&mut self.namespace_labels, k, v, key),
+            }
+        }
+    }
+
+    pub(crate) fn contains(&self, key: &K) -> bool {
+        self.all.contains(key)
+    }
+
+    /// Every pool in the index, in order.
+    pub(crate) fn all(&self) -> &BTreeSet<K> {
+        &self.all
+    }
+
+    /// The pools `subject` may be served by, in order, each once: those
+    /// under one of its facts, and the unguarded ones. One lookup per fact
+    /// of the Service (namespace, name, labels, Namespace labels); the
+    /// pools come lazily, so a walk that stops early pays only for what
+    /// it visited.
+    pub(crate) fn candidates(&self, subject: &Subject<'_>) -> Merge<'_, K> {
+        let mut sets: Vec<&BTreeSet<K>> = vec![&self.unguarded];
+        sets.extend(self.namespaces.get(subject.namespace));
+        sets.extend(self.names.get(subject.name));
+        for (labels, index) in [
+            (subject.labels, &self.labels),
+            (subject.namespace_labels, &self.namespace_labels),
+        ] {
+            if index.is_empty() {
+                continue;
+            }
+            for (k, v) in labels {
+                sets.extend(index.get(k).and_then(|values| values.get(v)));
+            }
+        }
+        Merge::new(sets)
+    }
+}
+
+fn pair_entry<'a, K>(index: &'a mut ByPair<K>, key: &str, value: &str) -> &'a mut BTreeSet<K> {
+    index
+        .entry(key.to_owned())
+        .or_default()
+        .entry(value.to_owned())
+        .or_default()
+}
+
+fn remove_from<K: Ord>(index: &mut HashMap<String, BTreeSet<K>, FastHash>, fact: &str, key: &K) {
+    if let Some(set) = index.get_mut(fact) {
+        set.remove(key);
+        if set.is_empty() {
+            index.remove(fact);
+        }
+    }
+}
+
+fn remove_pair<K: Ord>(index: &mut ByPair<K>, label: &str, value: &str, key: &K) {
+    if let Some(values) = index.get_mut(label) {
+        remove_from(values, value, key);
+        if values.is_empty() {
+            index.remove(label);
+        }
+    }
+}
+
+/// Sorted sets merged lazily into one sorted sequence without repeats.
+/// Each step costs one comparison per set: a Service matches few facts.
+#[derive(Debug)]
+pub(crate) struct Merge<'a, K> {
+    heads: Vec<Peekable<btree_set::Iter<'a, K>>>,
+    last: Option<&'a K>,
+}
+
+impl<'a, K: Ord> Merge<'a, K> {
+    pub(crate) fn new(sets: Vec<&'a BTreeSet<K>>) -> Self {
+        Merge {
+            heads: sets
+                .into_iter()
+                .filter(|set| !set.is_empty())
+                .map(|set| set.iter().peekable())
+                .collect(),
+            last: None,
+        }
+    }
+}
+
+impl<'a, K: Ord> Iterator for Merge<'a, K> {
+    type Item = &'a K;
+
+    fn next(&mut self) -> Option<&'a K> {
+        loop {
+            let mut lowest: Option<(usize, &'a K)> = None;
+            for (i, head) in self.heads.iter_mut().enumerate() {
+                if let Some(&key) = head.peek() {
+                    if lowest.is_none_or(|(_, low)| key < low) {
+                        lowest = Some((i, key));
+                    }
+                }
+            }
+            let (i, key) = lowest?;
+            self.heads.get_mut(i).and_then(Iterator::next);
+            // A pool under two facts of the Service comes once.
+            if self.last != Some(key) {
+                self.last = Some(key);
+                return Some(key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn facts(list: &[Fact]) -> BTreeSet<Fact> {
+        list.iter().cloned().collect()
+    }
+
+    fn ns(n: &str) -> Fact {
+        Fact::Namespace(n.into())
+    }
+
+    fn label(k: &str, v: &str) -> Fact {
+        Fact::Label(k.into(), v.into())
+    }
+
+    #[test]
+    fn a_service_visits_the_pools_of_its_facts_and_the_unguarded_in_order() {
+        let mut index = PinnedIndex::default();
+        index.insert(&5, Some(&facts(&[ns("a"), label("app", "web")])));
+        index.insert(&1, Some(&facts(&[ns("b")])));
+        index.insert(&3, None);
+        index.insert(&2, Some(&facts(&[Fact::Name("s".into())])));
+        index.insert(
+            &4,
+            Some(&facts(&[Fact::NamespaceLabel(
+                "tier".into(),
+                "gold".into(),
+            )])),
+        );
+        index.insert(&6, Some(&facts(&[label("app", "db")])));
+        let labels: BTreeMap<String, String> = [("app".into(), "web".into())].into();
+        let namespace_labels: BTreeMap<String, String> = [("tier".into(), "gold".into())].into();
+        let subject = Subject {
+            name: "s",
+            namespace: "a",
+            labels: &labels,
+            namespace_labels: &namespace_labels,
+        };
+        let got: Vec<i32> = index.candidates(&subject).copied().collect();
+        // 5 once although under two of its facts.
+        assert_eq!(got, [2, 3, 4, 5]);
+        index.remove(&5, Some(&facts(&[ns("a"), label("app", "web")])));
+        index.remove(&3, None);
+        let got: Vec<i32> = index.candidates(&subject).copied().collect();
+        assert_eq!(got, [2, 4]);
+        assert!(index.contains(&6) && !index.contains(&5));
+        // Nothing is left behind once every pool is gone.
+        index.remove(&1, Some(&facts(&[ns("b")])));
+        index.remove(&2, Some(&facts(&[Fact::Name("s".into())])));
+        index.remove(
+            &4,
+            Some(&facts(&[Fact::NamespaceLabel(
+                "tier".into(),
+                "gold".into(),
+            )])),
+        );
+        index.remove(&6, Some(&facts(&[label("app", "db")])));
+        assert!(index.all().is_empty());
+        assert!(index.namespaces.is_empty() && index.names.is_empty());
+        assert!(index.labels.is_empty() && index.namespace_labels.is_empty());
+    }
+}
