@@ -39,8 +39,8 @@ pub use explain::{
 };
 pub use lookahead::SPOOL_MEMORY_BYTES;
 pub use output::{
-    render, render_json, render_table, render_table_with, render_yaml, OutputError, OutputFormat,
-    TableNotes,
+    render, render_json, render_table, render_table_with, render_yaml, write_result, OutputError,
+    OutputFormat, TableNotes,
 };
 pub use plugin::{NotIdle, Plugin};
 pub use replay::{

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fake_watcher::{
-    load_config, render, render_table_with, replay_pipelined, Observer, OutputFormat, ReplayError,
+    load_config, render_table_with, write_result, OutputError, replay_pipelined, Observer, OutputFormat, ReplayError,
     ReplayOptions, ReplayOutput, StreamError, TableNotes,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -271,39 +271,33 @@ fn open_stream(path: &std::path::Path) -> Result<Stream, ExitCode> {
     }
 }
 
-/// Renders the result in the chosen format and writes it to stdout (a
+/// Writes the result in the chosen format to stdout as it is rendered (a
 /// closed pipe is not an error).
 fn print_result(args: &ReplayArgs, output: &ReplayOutput) -> Result<(), ExitCode> {
     let format = OutputFormat::from(args.output);
-    let rendered = match format {
+    let mut stdout = io::BufWriter::with_capacity(1 << 16, io::stdout().lock());
+    let written = match format {
         OutputFormat::Table => {
             let notes = TableNotes {
                 first_ips: Some(&output.first_ips),
                 other_class: Some(&output.other_class),
                 all: args.all,
             };
-            Ok(render_table_with(&output.result, notes))
+            let text = render_table_with(&output.result, notes);
+            if text.is_empty() {
+                eprintln!("No LoadBalancer services found.");
+            }
+            stdout.write_all(text.as_bytes()).map_err(OutputError::from)
         }
-        _ => render(&output.result, format),
+        _ => write_result(&output.result, format, &mut stdout),
     };
-    let text = rendered.map_err(|error| {
-        eprintln!("{error}");
-        ExitCode::from(FAILED)
-    })?;
-    if format == OutputFormat::Table && text.is_empty() {
-        eprintln!("No LoadBalancer services found.");
-    }
-    let mut stdout = io::stdout().lock();
-    if let Err(error) = stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        if error.kind() != io::ErrorKind::BrokenPipe {
-            eprintln!("cannot write the result: {error}");
-            return Err(ExitCode::from(FAILED));
+    match written.and_then(|()| stdout.flush().map_err(OutputError::from)) {
+        Err(error) if !error.is_broken_pipe() => {
+            eprintln!("{error}");
+            Err(ExitCode::from(FAILED))
         }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 fn run_replay(args: &ReplayArgs) -> ExitCode {

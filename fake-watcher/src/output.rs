@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use manager::CONDITION_TYPE;
 use std::fmt;
+use std::io::Write;
 use std::str::FromStr;
 
 use crate::result::{ReplayResult, ServiceResult};
@@ -55,6 +56,21 @@ pub enum OutputError {
     /// YAML serialization failed.
     #[error("cannot write the result as YAML: {0}")]
     Yaml(#[from] serde_yaml_ng::Error),
+    /// The output could not be written (a closed pipe, a full disk).
+    #[error("cannot write the result: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl OutputError {
+    /// Whether the reader went away (`| head`): not an error of the replay.
+    pub fn is_broken_pipe(&self) -> bool {
+        let kind = match self {
+            OutputError::Json(error) => error.io_error_kind(),
+            OutputError::Io(error) => Some(error.kind()),
+            OutputError::Yaml(_) => None,
+        };
+        kind == Some(std::io::ErrorKind::BrokenPipe)
+    }
 }
 
 /// The result in `format`, ending in a newline (the table is empty when
@@ -69,14 +85,34 @@ pub fn render(result: &ReplayResult, format: OutputFormat) -> Result<String, Out
 
 /// The §3 document as pretty JSON (two-space indent) and a newline.
 pub fn render_json(result: &ReplayResult) -> Result<String, OutputError> {
-    let mut text = serde_json::to_string_pretty(result)?;
-    text.push('\n');
-    Ok(text)
+    let mut text = Vec::new();
+    write_result(result, OutputFormat::Json, &mut text)?;
+    // serde_json writes UTF-8 only.
+    Ok(String::from_utf8_lossy(&text).into_owned())
 }
 
 /// The §3 document as YAML.
 pub fn render_yaml(result: &ReplayResult) -> Result<String, OutputError> {
     Ok(serde_yaml_ng::to_string(result)?)
+}
+
+/// Writes the result in `format` to `out` as it is serialized: the
+/// document of 100k Services is ~50 MB of JSON, which need not be held
+/// (nor its buffer grown by doubling) before the first byte goes out.
+pub fn write_result(
+    result: &ReplayResult,
+    format: OutputFormat,
+    out: &mut impl Write,
+) -> Result<(), OutputError> {
+    match format {
+        OutputFormat::Table => out.write_all(render_table(result).as_bytes())?,
+        OutputFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, result)?;
+            out.write_all(b"\n")?;
+        }
+        OutputFormat::Yaml => serde_yaml_ng::to_writer(&mut *out, result)?,
+    }
+    Ok(())
 }
 
 /// Header of the table's columns.
