@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fake_watcher::{
-    load_config, render_table_with, write_result, OutputError, replay_pipelined, Observer, OutputFormat, ReplayError,
-    ReplayOptions, ReplayOutput, StreamError, TableNotes,
+    load_config, render_table_with, replay_pipelined, write_result, Observer, OutputError,
+    OutputFormat, ReplayError, ReplayOptions, ReplayOutput, StreamError, TableNotes,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tracing_subscriber::EnvFilter;
