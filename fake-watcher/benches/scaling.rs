@@ -1684,6 +1684,20 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         },
     },
     GrowthShape {
+        name: "pinned_namespaces",
+        what: "N/20 Cilium pools (/27) each pinned to one Namespace by io.kubernetes.service.namespace, N Services over those Namespaces",
+        exception: None,
+        stream: |n| pinned_namespaces_stream(n, true),
+        expect: expect_all,
+    },
+    GrowthShape {
+        name: "pinned_namespaces_metallb",
+        what: "pinned_namespaces with IPAddressPools pinned by serviceAllocation.namespaces",
+        exception: None,
+        stream: |n| pinned_namespaces_stream(n, false),
+        expect: expect_all,
+    },
+    GrowthShape {
         name: "realistic",
         what: "N Services as `kubectl get -o json` prints them (labels, annotations, managedFields, nodePorts)",
         exception: None,
@@ -2008,6 +2022,45 @@ fn sharing_groups_stream(n: usize) -> Result<Vec<u8>> {
             &format!(r#","annotations":{{"metallb.io/allow-shared-ip":"group-{group}"}}"#),
             "",
             &format!(r#"[{{"port":{port},"protocol":"TCP"}}]"#),
+        )?;
+    }
+    Ok(out)
+}
+
+/// N/20 pools of a /27 each, pool K pinned to Namespace `pin-K` (Cilium:
+/// a `serviceSelector` on the pseudo-label `io.kubernetes.service.namespace`;
+/// MetalLB: `serviceAllocation.namespaces`), then N Services spread over
+/// those Namespaces, 20 in each: a Service must not walk the pinned pools
+/// of other Namespaces (docs/allocation.md §4.9).
+fn pinned_namespaces_stream(n: usize, cilium: bool) -> Result<Vec<u8>> {
+    let pools = (n / 20).max(1);
+    let mut out = Vec::with_capacity(n * 200 + pools * 300);
+    for k in 0..pools {
+        let first = 0x0A00_0000_u32.wrapping_add(u32::try_from(k).unwrap_or(0).wrapping_mul(32));
+        let cidr = format!("{}/27", Ipv4Addr::from(first));
+        if cilium {
+            writeln!(
+                out,
+                r#"{{"type":"ADDED","object":{{"apiVersion":"cilium.io/v2","kind":"CiliumLoadBalancerIPPool","metadata":{{"name":"pool-{k}"}},"spec":{{"blocks":[{{"cidr":"{cidr}"}}],"serviceSelector":{{"matchLabels":{{"io.kubernetes.service.namespace":"pin-{k}"}}}}}}}}}}"#
+            )?;
+        } else {
+            pool_with(
+                &mut out,
+                &format!("pool-{k}"),
+                &format!(
+                    r#"{{"addresses":["{cidr}"],"serviceAllocation":{{"namespaces":["pin-{k}"]}}}}"#
+                ),
+            )?;
+        }
+    }
+    for i in 0..n {
+        service_line(
+            &mut out,
+            "ADDED",
+            (&format!("pin-{}", i % pools), &format!("svc-{i}")),
+            "",
+            "",
+            PORT_80,
         )?;
     }
     Ok(out)
