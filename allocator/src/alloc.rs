@@ -492,7 +492,7 @@ fn namespaces_agree(request: &Request<'_>, admits: Option<&[Box<str>]>, holder: 
 #[derive(Debug, Default)]
 struct AutoIndex {
     /// Every pool with autoAssign.
-    all: BTreeSet<AutoKey>,
+    all: OpenSet,
     /// Those with a free address of IPv4, of IPv6.
     open: [OpenSet; 2],
     /// Those with a free address of both families.
@@ -558,6 +558,11 @@ impl OpenSet {
             self.pinned.candidates(subject)
         };
         pinned.chain(self.unpinned.iter())
+    }
+
+    /// Every pool, in the §4.4 order.
+    fn iter(&self) -> impl Iterator<Item = &AutoKey> {
+        self.pinned.all().iter().chain(self.unpinned.iter())
     }
 }
 
@@ -863,7 +868,7 @@ impl Allocator {
         }
         if let Some(key) = &state.auto {
             let guard = state.guard.as_ref();
-            self.auto.all.remove(key);
+            self.auto.all.remove(key, guard);
             self.auto.open_both.remove(key, guard);
             for family in FAMILIES {
                 let i = family.index();
@@ -895,7 +900,7 @@ impl Allocator {
         }
         if let Some(key) = &state.auto {
             let guard = state.guard.as_ref();
-            self.auto.all.insert(key.clone());
+            self.auto.all.insert(key, guard);
             for family in FAMILIES {
                 if state.is_open(family) {
                     if let Some(open) = self.auto.open.get_mut(family.index()) {
@@ -1996,11 +2001,11 @@ impl Allocator {
             }
         }
         // No pool fits: the failure names every pool tried, as the walk over
-        // all of them would.
+        // all of them would (the pinned ones that may serve it, by the index).
         let serving: Vec<Arc<str>> = self
             .auto
             .all
-            .iter()
+            .candidates(&request.subject, self.walks_every_pinned())
             .filter(|(_, _, name)| {
                 self.step(1);
                 self.pools

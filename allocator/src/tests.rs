@@ -1240,6 +1240,43 @@ mod cost {
         a.steps() - before
     }
 
+    /// P pools of one address each pinned to its own namespace, full: a
+    /// Service that finds no room is told so, and the pools that serve it
+    /// are found by the index too, not by a walk over every pool.
+    #[test]
+    fn a_service_whose_pinned_pool_is_full_fails_without_a_walk() {
+        const P: u32 = 2000;
+        let mut a = Allocator::new();
+        for p in 0..P {
+            let spec = IPAddressPoolSpec {
+                service_allocation: Some(ServiceAllocationSpec {
+                    namespaces: vec![format!("ns-{p:05}")],
+                    ..Default::default()
+                }),
+                ..pool_spec(&[&v4(p)])
+            };
+            a.set_pool(&format!("p{p:05}"), &spec);
+        }
+        for p in 0..P {
+            a.allocate(&svc(&format!("ns-{p:05}/first")).req()).unwrap();
+        }
+        let before = a.steps();
+        for p in 0..P {
+            let refused = a.allocate(&svc(&format!("ns-{p:05}/second")).req());
+            assert_eq!(
+                refused.map(|h| h.pool),
+                Err(AllocError::NoAvailable {
+                    needed: "an IPv4 address".to_owned(),
+                    pools: vec![format!("p{p:05}")],
+                })
+            );
+            let nowhere = a.allocate(&svc(&format!("elsewhere-{p}/s")).req());
+            assert_eq!(nowhere.map(|h| h.pool), Err(AllocError::NoPool));
+        }
+        let steps = a.steps() - before;
+        assert!(steps <= u64::from(P) * 4, "{steps} steps");
+    }
+
     #[test]
     fn services_visit_only_the_pools_pinned_to_their_namespace() {
         for cilium in [false, true] {
