@@ -347,7 +347,7 @@ fn selectors_facts(selectors: &[Selector], fact: impl Fn(&str, &str) -> Fact) ->
     }
     let mut facts = Vec::new();
     for selector in selectors {
-        let pairs = selector.required_pairs()?;
+        let pairs = selector.required_pairs(|_| 0)?;
         facts.extend(pairs.into_iter().map(|(k, v)| fact(k, v)));
     }
     Some(facts)
@@ -507,7 +507,10 @@ impl Pool {
     /// Service's namespace and name, whatever real labels of their keys say.
     pub(crate) fn guard(&self) -> Option<BTreeSet<Fact>> {
         if let Some(selector) = &self.selector {
-            let pairs = selector.required_pairs()?;
+            // A namespace or name is likely the most telling requirement.
+            let pseudo_first =
+                |key: &str| u8::from(key != SERVICE_NAMESPACE_LABEL && key != SERVICE_NAME_LABEL);
+            let pairs = selector.required_pairs(pseudo_first)?;
             let facts = pairs.into_iter().map(|(key, value)| match key {
                 SERVICE_NAME_LABEL => Fact::Name(value.to_owned()),
                 SERVICE_NAMESPACE_LABEL => Fact::Namespace(value.to_owned()),
@@ -1033,6 +1036,15 @@ mod tests {
         assert_eq!(
             cilium(Some(labels(&[("app", "web")]))).as_deref(),
             Some(r#"{Label("app", "web")}"#)
+        );
+        // A namespace before a label that requires as little.
+        assert_eq!(
+            cilium(Some(labels(&[
+                ("app", "web"),
+                (SERVICE_NAMESPACE_LABEL, "a")
+            ])))
+            .as_deref(),
+            Some(r#"{Namespace("a")}"#)
         );
         assert_eq!(cilium(Some(LabelSelectorSpec::default())), None);
         assert_eq!(cilium(Some(selector("app", "Exists", &[]))), None);

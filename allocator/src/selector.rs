@@ -106,11 +106,12 @@ impl Selector {
 impl Selector {
     /// Label pairs of which every label set the selector matches has at
     /// least one: the values of its most selective `matchLabels` entry or
-    /// `In` expression (the fewest values, the first of equals). `None`
-    /// when it has neither (only `NotIn`, `Exists`, `DoesNotExist`, or
-    /// nothing): then no one pair is needed. For indexing pinned pools by
-    /// what they require (docs/allocation.md §4.9).
-    pub(crate) fn required_pairs(&self) -> Option<Vec<(&str, &str)>> {
+    /// `In` expression (the fewest values; among equals, the key `prefer`
+    /// ranks lowest, then the first). `None` when it has neither (only
+    /// `NotIn`, `Exists`, `DoesNotExist`, or nothing): then no one pair is
+    /// needed. For indexing pinned pools by what they require
+    /// (docs/allocation.md §4.9).
+    pub(crate) fn required_pairs(&self, prefer: impl Fn(&str) -> u8) -> Option<Vec<(&str, &str)>> {
         let mut best: Option<(&str, Vec<&str>)> = None;
         for requirement in &self.requirements {
             let (key, values): (&str, Vec<&str>) = match requirement {
@@ -118,7 +119,9 @@ impl Selector {
                 Requirement::In(key, values) => (key, values.iter().map(String::as_str).collect()),
                 _ => continue,
             };
-            if best.as_ref().is_none_or(|(_, b)| values.len() < b.len()) {
+            let better =
+                |(k, b): &(&str, Vec<&str>)| (values.len(), prefer(key)) < (b.len(), prefer(k));
+            if best.as_ref().is_none_or(better) {
                 best = Some((key, values));
             }
         }
@@ -229,7 +232,7 @@ mod tests {
             })
             .unwrap()
         };
-        let pairs = |s: &Selector| s.required_pairs().map(|p| format!("{p:?}"));
+        let pairs = |s: &Selector| s.required_pairs(|_| 0).map(|p| format!("{p:?}"));
         assert_eq!(pairs(&parse(&[], &[])), None);
         let only_negative = parse(
             &[],
@@ -247,9 +250,14 @@ mod tests {
         );
         let both = parse(&[("z", "1")], &[("t", "In", &["a", "b"])]);
         assert_eq!(pairs(&both).as_deref(), Some(r#"[("z", "1")]"#));
+        // Among equals, the preferred key.
+        let two = parse(&[("a", "1"), ("z", "2")], &[]);
+        assert_eq!(pairs(&two).as_deref(), Some(r#"[("a", "1")]"#));
+        let z_first = two.required_pairs(|k| u8::from(k != "z"));
+        assert_eq!(format!("{z_first:?}"), r#"Some([("z", "2")])"#);
         // Every label set the selector matches has one of the pairs.
         for selector in [with_in, both] {
-            let required = selector.required_pairs().unwrap();
+            let required = selector.required_pairs(|_| 0).unwrap();
             for labels in [
                 labels(&[("t", "a")]),
                 labels(&[("t", "b"), ("z", "1")]),
