@@ -27,8 +27,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::Resource;
 use manager::{
-    CiliumCondition, CiliumConditionChange, Client, ClientError, Event, EventType,
-    ServiceCondition, ServiceWrite, Store, CILIUM_CONDITION_TYPE, CONDITION_TYPE, POOL_ANNOTATION,
+    CiliumConditionChange, Client, ClientError, ConditionKind, Event, EventType, ServiceCondition,
+    ServiceWrite, Store, CILIUM_CONDITION_TYPE, CONDITION_TYPE, POOL_ANNOTATION,
 };
 use serde_json::{json, Value};
 
@@ -166,33 +166,20 @@ pub(crate) fn service_status_patch(
 }
 
 /// What the status patch must do to Cilium's condition for `wanted`, given
-/// the cached `current` Service: nothing while the Service shows it (up to
-/// `observedGeneration` and `lastTransitionTime`, see
-/// `CiliumCondition::is_shown`), else the merged condition.
+/// the cached `current` Service (see [`condition_change`]).
 pub(crate) fn cilium_condition_change(
     current: Option<&Service>,
     wanted: &CiliumConditionChange,
     now: &Time,
 ) -> ConditionChange {
-    let shown = current.and_then(CiliumCondition::find);
     match wanted {
         CiliumConditionChange::Keep => ConditionChange::Keep,
         CiliumConditionChange::Set(condition) => {
-            if current.is_some_and(|service| condition.is_shown(service)) {
-                return ConditionChange::Keep;
-            }
-            let mut conditions: Vec<Condition> = shown.cloned().into_iter().collect();
-            CiliumCondition::merge_into(Some(condition), &mut conditions, now);
-            conditions
-                .into_iter()
-                .next()
-                .map_or(ConditionChange::Keep, ConditionChange::Set)
+            condition_change(current, ConditionKind::Cilium, Some(condition), now)
         }
-        // With no cached object, the removal is sent anyway.
-        CiliumConditionChange::Remove if shown.is_some() || current.is_none() => {
-            ConditionChange::Remove
+        CiliumConditionChange::Remove => {
+            condition_change(current, ConditionKind::Cilium, None, now)
         }
-        CiliumConditionChange::Remove => ConditionChange::Keep,
     }
 }
 
@@ -201,24 +188,34 @@ fn cilium_shown(service: &Service, wanted: &CiliumConditionChange) -> bool {
     match wanted {
         CiliumConditionChange::Keep => true,
         CiliumConditionChange::Set(condition) => condition.is_shown(service),
-        CiliumConditionChange::Remove => CiliumCondition::find(service).is_none(),
+        CiliumConditionChange::Remove => ConditionKind::Cilium.find(service).is_none(),
     }
 }
 
-/// What the status patch must do to our condition for `wanted`, given the
-/// cached `current` Service: `lastTransitionTime` kept while the status is
-/// unchanged, else `now` ([`ServiceCondition::merge_into`]).
+/// What the status patch must do to the condition of `kind` for `wanted`
+/// (`None`: remove it), given the cached `current` Service: nothing while
+/// the Service shows it ([`ServiceCondition::is_shown`]), else the merged
+/// condition, its `lastTransitionTime` kept while the status is unchanged,
+/// else `now` ([`ServiceCondition::merge_into`]).
 pub(crate) fn condition_change(
     current: Option<&Service>,
+    kind: ConditionKind,
     wanted: Option<&ServiceCondition>,
     now: &Time,
 ) -> ConditionChange {
-    let shown = current.and_then(ServiceCondition::find);
-    let mut conditions: Vec<Condition> = shown.cloned().into_iter().collect();
-    ServiceCondition::merge_into(wanted, &mut conditions, now);
-    match conditions.into_iter().next() {
-        Some(ours) if shown == Some(&ours) => ConditionChange::Keep,
-        Some(ours) => ConditionChange::Set(ours),
+    let shown = current.and_then(|service| kind.find(service));
+    match wanted {
+        Some(condition) if current.is_some_and(|service| condition.is_shown(service)) => {
+            ConditionChange::Keep
+        }
+        Some(condition) => {
+            let mut conditions: Vec<Condition> = shown.cloned().into_iter().collect();
+            condition.merge_into(&mut conditions, now);
+            conditions
+                .into_iter()
+                .next()
+                .map_or(ConditionChange::Keep, ConditionChange::Set)
+        }
         // With no cached object, the removal is sent anyway.
         None if shown.is_some() || current.is_none() => ConditionChange::Remove,
         None => ConditionChange::Keep,
@@ -380,7 +377,12 @@ impl Client for KubeClient {
             .as_deref()
             .is_none_or(|service| current_ingress(service) != wanted);
         let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let condition = condition_change(current.as_deref(), write.condition.as_ref(), &now);
+        let condition = condition_change(
+            current.as_deref(),
+            ConditionKind::Assigned,
+            write.condition.as_ref(),
+            &now,
+        );
         let cilium = cilium_condition_change(current.as_deref(), &write.cilium_condition, &now);
         // Status first: if the annotation write then fails (or the process
         // stops), the status, which is the truth about what a Service holds,
@@ -410,7 +412,7 @@ impl Client for KubeClient {
                 service.is_none_or(|service| {
                     current_ingress(service) == wanted
                         && current_pool(service) == write.pool.as_deref()
-                        && ServiceCondition::shown(service) == write.condition
+                        && ConditionKind::Assigned.shown(service) == write.condition
                         && cilium_shown(service, &write.cilium_condition)
                 })
             })
@@ -525,7 +527,8 @@ mod tests {
 
     fn condition(assigned: bool, reason: &str) -> ServiceCondition {
         ServiceCondition {
-            assigned,
+            kind: ConditionKind::Assigned,
+            status: assigned,
             reason: reason.to_owned(),
             message: format!("{reason}!"),
             observed_generation: Some(2),
@@ -555,12 +558,13 @@ mod tests {
         // Unchanged: nothing to write.
         let same = condition(false, "PoolExhausted");
         assert_eq!(
-            condition_change(Some(&service), Some(&same), &now),
+            condition_change(Some(&service), ConditionKind::Assigned, Some(&same), &now),
             ConditionChange::Keep
         );
         // Another reason, same status: the time stays.
         let ConditionChange::Set(set) = condition_change(
             Some(&service),
+            ConditionKind::Assigned,
             Some(&condition(false, "NoPoolServes")),
             &now,
         ) else {
@@ -569,9 +573,12 @@ mod tests {
         assert_eq!(set.reason, "NoPoolServes");
         assert_eq!(set.last_transition_time, time("2025-01-01T00:00:00Z"));
         // Another status: now.
-        let ConditionChange::Set(set) =
-            condition_change(Some(&service), Some(&condition(true, "Assigned")), &now)
-        else {
+        let ConditionChange::Set(set) = condition_change(
+            Some(&service),
+            ConditionKind::Assigned,
+            Some(&condition(true, "Assigned")),
+            &now,
+        ) else {
             panic!("a write")
         };
         assert_eq!(
@@ -580,18 +587,24 @@ mod tests {
         );
         // Removed, only when shown.
         assert_eq!(
-            condition_change(Some(&service), None, &now),
+            condition_change(Some(&service), ConditionKind::Assigned, None, &now),
             ConditionChange::Remove
         );
         assert_eq!(
-            condition_change(Some(&showing(json!([]))), None, &now),
+            condition_change(
+                Some(&showing(json!([]))),
+                ConditionKind::Assigned,
+                None,
+                &now
+            ),
             ConditionChange::Keep
         );
     }
 
-    fn cilium(satisfied: bool, reason: &str) -> CiliumCondition {
-        CiliumCondition {
-            satisfied,
+    fn cilium(satisfied: bool, reason: &str) -> ServiceCondition {
+        ServiceCondition {
+            kind: ConditionKind::Cilium,
+            status: satisfied,
             reason: reason.to_owned(),
             message: format!("{reason}!"),
             observed_generation: Some(2),
@@ -606,7 +619,12 @@ mod tests {
              "message": "no_pool!", "observedGeneration": 1,
              "lastTransitionTime": "2025-01-01T00:00:00Z"}
         ]));
-        let ours = condition_change(Some(&service), Some(&condition(true, "Assigned")), &now);
+        let ours = condition_change(
+            Some(&service),
+            ConditionKind::Assigned,
+            Some(&condition(true, "Assigned")),
+            &now,
+        );
         let theirs = cilium_condition_change(
             Some(&service),
             &CiliumConditionChange::Set(cilium(true, "satisfied")),

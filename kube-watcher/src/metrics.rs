@@ -31,7 +31,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Service;
-use manager::{AllocatingController, ControllerStats, ServiceCondition};
+use manager::{AllocatingController, ConditionKind, ControllerStats};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -83,7 +83,7 @@ fn unassigned(services: &[Arc<Service>], class: Option<&str>) -> BTreeMap<String
         if spec.and_then(|s| s.load_balancer_class.as_deref()) != class {
             continue;
         }
-        if let Some(condition) = ServiceCondition::shown(service).filter(|c| !c.assigned) {
+        if let Some(condition) = ConditionKind::Assigned.shown(service).filter(|c| !c.status) {
             *counts.entry(condition.reason).or_insert(0) += 1;
         }
     }

@@ -36,16 +36,16 @@ pub struct ServiceWrite {
 
 impl ServiceWrite {
     /// `conditions` with both of the controller's conditions merged in
-    /// (see [`ServiceCondition::merge_into`] and
-    /// [`CiliumCondition::merge_into`]), the others kept in place.
+    /// (see [`ServiceCondition::merge_into`]), the others kept in place.
     pub fn merge_conditions(&self, conditions: &mut Vec<Condition>, now: &Time) {
-        ServiceCondition::merge_into(self.condition.as_ref(), conditions, now);
+        match &self.condition {
+            Some(condition) => condition.merge_into(conditions, now),
+            None => ConditionKind::Assigned.remove_from(conditions),
+        }
         match &self.cilium_condition {
             CiliumConditionChange::Keep => {}
-            CiliumConditionChange::Set(condition) => {
-                CiliumCondition::merge_into(Some(condition), conditions, now);
-            }
-            CiliumConditionChange::Remove => CiliumCondition::merge_into(None, conditions, now),
+            CiliumConditionChange::Set(condition) => condition.merge_into(conditions, now),
+            CiliumConditionChange::Remove => ConditionKind::Cilium.remove_from(conditions),
         }
     }
 }
@@ -57,88 +57,76 @@ pub enum CiliumConditionChange {
     /// Leave it as the Service shows it (or does not).
     #[default]
     Keep,
-    Set(CiliumCondition),
+    Set(ServiceCondition),
     /// Remove it (a Service the controller stopped handling).
     Remove,
 }
 
-/// Cilium's `cilium.io/IPAMRequestSatisfied` condition, with Cilium's
-/// reasons and messages (docs/cilium.md §3.6).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CiliumCondition {
-    /// `status: "True"` when every requested address or family is held.
-    pub satisfied: bool,
-    /// One of Cilium's reasons: `satisfied`, `no_pool`, ...
-    pub reason: String,
-    pub message: String,
-    /// The `metadata.generation` the decision saw.
-    pub observed_generation: Option<i64>,
+/// The two conditions the controller writes on a Service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConditionKind {
+    /// Ours, [`CONDITION_TYPE`]: True when the Service holds addresses,
+    /// else a stable CamelCase reason and the Event's message.
+    Assigned,
+    /// Cilium's [`CILIUM_CONDITION_TYPE`]: True when every requested
+    /// address or family is held, else one of Cilium's reasons
+    /// (`no_pool`, ...) and messages.
+    Cilium,
 }
 
-impl CiliumCondition {
-    /// `"True"` or `"False"`.
-    pub fn status(&self) -> &'static str {
-        if self.satisfied {
-            "True"
-        } else {
-            "False"
+impl ConditionKind {
+    /// The condition's `type`.
+    pub fn condition_type(self) -> &'static str {
+        match self {
+            ConditionKind::Assigned => CONDITION_TYPE,
+            ConditionKind::Cilium => CILIUM_CONDITION_TYPE,
         }
     }
 
-    /// The Kubernetes condition of [`CILIUM_CONDITION_TYPE`] on `service`.
-    pub fn find(service: &Service) -> Option<&Condition> {
-        find_condition(service, CILIUM_CONDITION_TYPE)
+    /// The Kubernetes condition of this kind on `service`, whole (with its
+    /// `lastTransitionTime`).
+    pub fn find(self, service: &Service) -> Option<&Condition> {
+        let type_ = self.condition_type();
+        service
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == type_)
     }
 
-    /// The condition as the Service `service` shows it, if it does.
-    pub fn shown(service: &Service) -> Option<CiliumCondition> {
-        let shown = Self::find(service)?;
-        Some(CiliumCondition {
-            satisfied: shown.status == "True",
+    /// The condition of this kind as the Service `service` shows it, if it
+    /// does.
+    pub fn shown(self, service: &Service) -> Option<ServiceCondition> {
+        let shown = self.find(service)?;
+        Some(ServiceCondition {
+            kind: self,
+            status: shown.status == "True",
             reason: shown.reason.clone(),
             message: shown.message.clone(),
             observed_generation: shown.observed_generation,
         })
     }
 
-    /// Whether `service` shows this condition up to `observedGeneration`
-    /// and `lastTransitionTime`, which alone call for no write: Cilium
-    /// itself leaves them behind on a satisfied Service (docs/cilium.md
-    /// §3.6).
-    pub fn is_shown(&self, service: &Service) -> bool {
-        Self::find(service).is_some_and(|shown| {
-            shown.status == self.status()
-                && shown.reason == self.reason
-                && shown.message == self.message
-        })
-    }
-
-    /// `conditions` with Cilium's set to `condition` (or removed), the
-    /// others kept in place; `lastTransitionTime` stays while the status
-    /// does, else it is `now`.
-    pub fn merge_into(
-        condition: Option<&CiliumCondition>,
-        conditions: &mut Vec<Condition>,
-        now: &Time,
-    ) {
-        let wanted = condition.map(|c| Wanted {
-            status: c.status(),
-            reason: &c.reason,
-            message: &c.message,
-            observed_generation: c.observed_generation,
-        });
-        merge_condition(conditions, CILIUM_CONDITION_TYPE, wanted, now);
+    /// `conditions` without the one of this kind, the others kept in place.
+    pub fn remove_from(self, conditions: &mut Vec<Condition>) {
+        let type_ = self.condition_type();
+        if let Some(at) = conditions.iter().position(|c| c.type_ == type_) {
+            conditions.remove(at);
+        }
     }
 }
 
-/// The controller's condition on a Service: whether it holds addresses,
-/// and if not, why (a stable CamelCase reason and the Event's message).
-/// The host sets `lastTransitionTime`: kept while `assigned` stays the
-/// same, now when it changes.
+/// One of the controller's conditions on a Service (docs/allocation.md
+/// §4.7, docs/cilium.md §3.6). The host sets `lastTransitionTime`: kept
+/// while `status` stays the same, now when it changes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceCondition {
-    /// `status: "True"` when the Service holds addresses.
-    pub assigned: bool,
+    pub kind: ConditionKind,
+    /// `status: "True"`: the Service holds addresses (all it asked for,
+    /// for Cilium's).
+    pub status: bool,
     pub reason: String,
     pub message: String,
     /// The `metadata.generation` the decision saw.
@@ -146,112 +134,58 @@ pub struct ServiceCondition {
 }
 
 impl ServiceCondition {
+    /// Our condition as the Service `service` shows it, if it does.
+    pub fn shown(service: &Service) -> Option<ServiceCondition> {
+        ConditionKind::Assigned.shown(service)
+    }
+
     /// `"True"` or `"False"`, as Kubernetes writes a condition's status.
     pub fn status(&self) -> &'static str {
-        if self.assigned {
+        if self.status {
             "True"
         } else {
             "False"
         }
     }
 
-    /// The condition as the Service `service` shows it, if it does.
-    pub fn shown(service: &Service) -> Option<ServiceCondition> {
-        let shown = Self::find(service)?;
-        Some(ServiceCondition {
-            assigned: shown.status == "True",
-            reason: shown.reason.clone(),
-            message: shown.message.clone(),
-            observed_generation: shown.observed_generation,
-        })
-    }
-
     /// Whether `service` shows exactly this condition (no write would
-    /// change it).
+    /// change it), up to `lastTransitionTime`, and for Cilium's up to
+    /// `observedGeneration` too: Cilium itself leaves it behind on a
+    /// satisfied Service (docs/cilium.md §3.6).
     pub fn is_shown(&self, service: &Service) -> bool {
         // Compared in place: this runs on every echo of a write.
-        Self::find(service).is_some_and(|shown| {
+        self.kind.find(service).is_some_and(|shown| {
             shown.status == self.status()
                 && shown.reason == self.reason
                 && shown.message == self.message
-                && shown.observed_generation == self.observed_generation
+                && (self.kind == ConditionKind::Cilium
+                    || shown.observed_generation == self.observed_generation)
         })
     }
 
-    /// The Kubernetes condition of [`CONDITION_TYPE`] on `service`, whole
-    /// (with its `lastTransitionTime`).
-    pub fn find(service: &Service) -> Option<&Condition> {
-        find_condition(service, CONDITION_TYPE)
-    }
-
-    /// `conditions` with ours set to `condition` (or removed), the others
-    /// kept in place: `lastTransitionTime` stays while the status does,
-    /// else it is `now`.
-    pub fn merge_into(
-        condition: Option<&ServiceCondition>,
-        conditions: &mut Vec<Condition>,
-        now: &Time,
-    ) {
-        let wanted = condition.map(|c| Wanted {
-            status: c.status(),
-            reason: &c.reason,
-            message: &c.message,
-            observed_generation: c.observed_generation,
-        });
-        merge_condition(conditions, CONDITION_TYPE, wanted, now);
-    }
-}
-
-/// The condition of `type_` on `service`, whole.
-fn find_condition<'a>(service: &'a Service, type_: &str) -> Option<&'a Condition> {
-    service
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
-}
-
-/// A condition as it should be, without its `lastTransitionTime`.
-struct Wanted<'a> {
-    status: &'static str,
-    reason: &'a str,
-    message: &'a str,
-    observed_generation: Option<i64>,
-}
-
-/// `conditions` with the one of `type_` set to `wanted` (or removed), the
-/// others kept in place: `lastTransitionTime` stays while the status does,
-/// else it is `now` (`meta.SetStatusCondition`'s rule).
-fn merge_condition(
-    conditions: &mut Vec<Condition>,
-    type_: &str,
-    wanted: Option<Wanted<'_>>,
-    now: &Time,
-) {
-    let at = conditions.iter().position(|c| c.type_ == type_);
-    let Some(wanted) = wanted else {
-        if let Some(at) = at {
-            conditions.remove(at);
+    /// `conditions` with the one of this kind set to this condition, the
+    /// others kept in place: `lastTransitionTime` stays while the status
+    /// does, else it is `now` (`meta.SetStatusCondition`'s rule).
+    pub fn merge_into(&self, conditions: &mut Vec<Condition>, now: &Time) {
+        let type_ = self.kind.condition_type();
+        let status = self.status();
+        let at = conditions.iter().position(|c| c.type_ == type_);
+        let last_transition_time = match at.and_then(|at| conditions.get(at)) {
+            Some(previous) if previous.status == status => previous.last_transition_time.clone(),
+            _ => now.clone(),
+        };
+        let new = Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: self.reason.clone(),
+            message: self.message.clone(),
+            observed_generation: self.observed_generation,
+            last_transition_time,
+        };
+        match at.and_then(|at| conditions.get_mut(at)) {
+            Some(slot) => *slot = new,
+            None => conditions.push(new),
         }
-        return;
-    };
-    let last_transition_time = match at.and_then(|at| conditions.get(at)) {
-        Some(previous) if previous.status == wanted.status => previous.last_transition_time.clone(),
-        _ => now.clone(),
-    };
-    let new = Condition {
-        type_: type_.to_owned(),
-        status: wanted.status.to_owned(),
-        reason: wanted.reason.to_owned(),
-        message: wanted.message.to_owned(),
-        observed_generation: wanted.observed_generation,
-        last_transition_time,
-    };
-    match at.and_then(|at| conditions.get_mut(at)) {
-        Some(slot) => *slot = new,
-        None => conditions.push(new),
     }
 }
 
@@ -321,9 +255,10 @@ mod tests {
         Time(k8s_openapi::jiff::Timestamp::from_second(seconds).unwrap_or_default())
     }
 
-    fn cilium(satisfied: bool, reason: &str) -> CiliumCondition {
-        CiliumCondition {
-            satisfied,
+    fn cilium(satisfied: bool, reason: &str) -> ServiceCondition {
+        ServiceCondition {
+            kind: ConditionKind::Cilium,
+            status: satisfied,
             reason: reason.to_owned(),
             message: String::new(),
             observed_generation: Some(2),

@@ -14,7 +14,7 @@
 mod support;
 
 use manager::{
-    CiliumCondition, ControllerConfig, EventType, SharingAcrossNamespaces, CILIUM_CONDITION_TYPE,
+    ConditionKind, ControllerConfig, EventType, SharingAcrossNamespaces, CILIUM_CONDITION_TYPE,
     POOL_ANNOTATION,
 };
 use serde_json::{json, Value};
@@ -321,7 +321,10 @@ mod condition {
         h.add(svc("ns/a")).await;
         assert_eq!(h.ips("ns/a"), "10.0.10.0");
         assert_eq!(h.cilium("ns/a"), SATISFIED);
-        let shown = CiliumCondition::find(&h.service("ns/a")).unwrap().clone();
+        let shown = ConditionKind::Cilium
+            .find(&h.service("ns/a"))
+            .unwrap()
+            .clone();
         assert_eq!(shown.type_, CILIUM_CONDITION_TYPE);
         assert_eq!(shown.observed_generation, Some(1));
         // Not a write of its own: the settled Service waits for one.

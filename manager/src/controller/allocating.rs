@@ -28,8 +28,7 @@ use super::service::{
 };
 use super::{Controller, Reconsider, RestoreOutcome, Shortcuts, SyncOutcome, SyncState, WakeOn};
 use crate::client::{
-    CiliumCondition, CiliumConditionChange, Client, Event, EventType, ServiceCondition,
-    ServiceWrite,
+    CiliumConditionChange, Client, ConditionKind, Event, EventType, ServiceCondition, ServiceWrite,
 };
 use crate::store::Store;
 
@@ -197,7 +196,7 @@ impl State {
         };
         // What condition_for gives a holding, compared in place.
         let shows_condition = || {
-            ServiceCondition::find(service).is_some_and(|shown| {
+            ConditionKind::Assigned.find(service).is_some_and(|shown| {
                 shown.status == "True"
                     && shown.reason == reason::ASSIGNED
                     && shown.observed_generation == service.metadata.generation
@@ -210,7 +209,7 @@ impl State {
         // Cilium's condition for a holding that is complete: `satisfied`,
         // or none yet (not a write of its own, docs/cilium.md §3.6).
         let shows_cilium = || {
-            CiliumCondition::find(service).is_none_or(|shown| {
+            ConditionKind::Cilium.find(service).is_none_or(|shown| {
                 shown.status == "True" && shown.reason == SATISFIED && shown.message.is_empty()
             })
         };
@@ -542,7 +541,7 @@ impl AllocatingController {
         let is_load_balancer =
             service.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer");
         let ours_written =
-            pool_annotation(service).is_some() || ServiceCondition::shown(service).is_some();
+            pool_annotation(service).is_some() || ConditionKind::Assigned.find(service).is_some();
         let anything_written = ours_written || status_texts(service).next().is_some();
         if released.is_some() && anything_written {
             state.owed_clears.insert(key.to_owned());
@@ -554,7 +553,7 @@ impl AllocatingController {
         // Cilium's condition goes too, as Cilium removes it (docs/cilium.md
         // §3.6), but only while it is ours to write.
         let cilium_condition =
-            if self.cilium_active(state) && CiliumCondition::find(service).is_some() {
+            if self.cilium_active(state) && ConditionKind::Cilium.find(service).is_some() {
                 CiliumConditionChange::Remove
             } else {
                 CiliumConditionChange::Keep
@@ -770,10 +769,10 @@ fn desired_write(
     // made anyway, not by a write of its own (docs/cilium.md §3.6).
     let shows_cilium = match &cilium_condition {
         CiliumConditionChange::Set(c) => {
-            CiliumCondition::find(service).is_none() || c.is_shown(service)
+            ConditionKind::Cilium.find(service).is_none() || c.is_shown(service)
         }
         CiliumConditionChange::Keep => true,
-        CiliumConditionChange::Remove => CiliumCondition::find(service).is_none(),
+        CiliumConditionChange::Remove => ConditionKind::Cilium.find(service).is_none(),
     };
     let shows = status_shows(service, after.map_or(&[], |h| &h.ips))
         && pool_annotation(service) == pool
@@ -783,7 +782,7 @@ fn desired_write(
         ingress: after.map(|h| h.ips.clone()).unwrap_or_default(),
         pool: pool.map(str::to_owned),
         // Without conditions, what the Service shows stays.
-        condition: condition.or_else(|| ServiceCondition::shown(service)),
+        condition: condition.or_else(|| ConditionKind::Assigned.shown(service)),
         cilium_condition,
     })
 }
@@ -810,7 +809,7 @@ fn cilium_condition_for(
     view: &ServiceView<'_>,
     outcome: &Outcome,
     after: Option<&AllocatorHolding>,
-) -> CiliumCondition {
+) -> ServiceCondition {
     let requested = view.requested.as_deref().unwrap_or_default();
     let held = after.map_or(&[][..], |h| &h.ips);
     let unsatisfied = match outcome {
@@ -829,8 +828,9 @@ fn cilium_condition_for(
         None => (true, SATISFIED, String::new()),
         Some(missing) => (false, missing.reason, missing.message),
     };
-    CiliumCondition {
-        satisfied,
+    ServiceCondition {
+        kind: ConditionKind::Cilium,
+        status: satisfied,
         reason: reason.to_owned(),
         message,
         observed_generation: service.metadata.generation,
@@ -876,7 +876,8 @@ fn condition_for(
         Outcome::Invalid(why) => (false, reason::INVALID_REQUEST, invalid_event(why).message),
     };
     ServiceCondition {
-        assigned,
+        kind: ConditionKind::Assigned,
+        status: assigned,
         reason: reason.to_owned(),
         message,
         observed_generation: service.metadata.generation,

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Service;
 
 use super::allocating::{labels_of, AllocatingController};
 use super::service::{is_ours, pool_annotation, status_ip_strings, ServiceView};
-use crate::client::{CiliumCondition, ServiceCondition};
+use crate::client::{ConditionKind, ServiceCondition};
 
 /// Why the controller leaves a Service alone (docs/allocation.md §4.1).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,7 +76,7 @@ pub struct Shows {
     /// The `metallb.io/AddressAssigned` condition the controller wrote.
     pub condition: Option<ServiceCondition>,
     /// Cilium's `cilium.io/IPAMRequestSatisfied` condition.
-    pub cilium_condition: Option<CiliumCondition>,
+    pub cilium_condition: Option<ServiceCondition>,
 }
 
 /// The decision for a handled Service.
@@ -152,8 +152,8 @@ impl AllocatingController {
         let shows = Shows {
             ips: status_ip_strings(&service),
             pool: pool_annotation(&service).map(str::to_owned),
-            condition: ServiceCondition::shown(&service),
-            cilium_condition: CiliumCondition::shown(&service),
+            condition: ConditionKind::Assigned.shown(&service),
+            cilium_condition: ConditionKind::Cilium.shown(&service),
         };
         Some(Explanation {
             key: key.to_owned(),

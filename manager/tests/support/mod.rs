@@ -18,9 +18,8 @@ use dashmap::DashMap;
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Namespace, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use manager::{
-    AllocatingController, CiliumCondition, Client, ClientError, ControllerConfig, DashMapStore,
-    Event, EventType, Manager, ManagerConfig, ServiceCondition, ServiceWrite, CONDITION_TYPE,
-    POOL_ANNOTATION,
+    AllocatingController, Client, ClientError, ConditionKind, ControllerConfig, DashMapStore,
+    Event, EventType, Manager, ManagerConfig, ServiceWrite, CONDITION_TYPE, POOL_ANNOTATION,
 };
 use serde_json::{json, Value};
 use subscriber::{CiliumLoadBalancerIPPool, Handler, IPAddressPool};
@@ -629,15 +628,16 @@ impl Harness {
     /// The controller's condition as `"Status Reason: message"`, or
     /// `"none"`.
     pub(crate) fn condition(&self, key: &str) -> String {
-        match ServiceCondition::shown(&self.service(key)) {
-            Some(c) => format!("{} {}: {}", c.status(), c.reason, c.message),
-            None => "none".to_owned(),
-        }
+        self.shown(ConditionKind::Assigned, key)
     }
 
     /// Cilium's condition as `"Status reason: message"`, or `"none"`.
     pub(crate) fn cilium(&self, key: &str) -> String {
-        match CiliumCondition::shown(&self.service(key)) {
+        self.shown(ConditionKind::Cilium, key)
+    }
+
+    fn shown(&self, kind: ConditionKind, key: &str) -> String {
+        match kind.shown(&self.service(key)) {
             Some(c) => format!("{} {}: {}", c.status(), c.reason, c.message),
             None => "none".to_owned(),
         }
