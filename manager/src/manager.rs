@@ -963,60 +963,44 @@ impl<C: Controller> Handler<Service> for Manager<C> {
     }
 }
 
-/// Pools: every event queues the pool's name; the worker reads the pool
-/// (or its absence) from the store.
-#[async_trait]
-impl<C: Controller> Handler<IPAddressPool> for Manager<C> {
-    async fn on_add(&self, pool: &IPAddressPool) -> Result<(), Error> {
-        self.push(QueueKey::Pool(pool.key()?), |_| {});
-        Ok(())
-    }
+/// Pools, Cilium pools (under a key of their own kind, docs/cilium.md §2)
+/// and Namespaces: every event queues the object's name; the worker reads
+/// the object (or its absence) from the store.
+trait QueuedByName: Keyed + Send + Sync + 'static {
+    fn queue_key(name: String) -> QueueKey;
+}
 
-    async fn on_update(&self, _old: &IPAddressPool, new: &IPAddressPool) -> Result<(), Error> {
-        self.on_add(new).await
-    }
-
-    async fn on_delete(&self, pool: &IPAddressPool) -> Result<(), Error> {
-        self.on_add(pool).await
+impl QueuedByName for IPAddressPool {
+    fn queue_key(name: String) -> QueueKey {
+        QueueKey::Pool(name)
     }
 }
 
-/// Cilium pools: as `IPAddressPool`s, by name, under a key of their own
-/// kind (docs/cilium.md §2).
-#[async_trait]
-impl<C: Controller> Handler<CiliumLoadBalancerIPPool> for Manager<C> {
-    async fn on_add(&self, pool: &CiliumLoadBalancerIPPool) -> Result<(), Error> {
-        self.push(QueueKey::CiliumPool(pool.key()?), |_| {});
-        Ok(())
-    }
-
-    async fn on_update(
-        &self,
-        _old: &CiliumLoadBalancerIPPool,
-        new: &CiliumLoadBalancerIPPool,
-    ) -> Result<(), Error> {
-        self.on_add(new).await
-    }
-
-    async fn on_delete(&self, pool: &CiliumLoadBalancerIPPool) -> Result<(), Error> {
-        self.on_add(pool).await
+impl QueuedByName for CiliumLoadBalancerIPPool {
+    fn queue_key(name: String) -> QueueKey {
+        QueueKey::CiliumPool(name)
     }
 }
 
-/// Namespaces: as pools, by name.
+impl QueuedByName for Namespace {
+    fn queue_key(name: String) -> QueueKey {
+        QueueKey::Namespace(name)
+    }
+}
+
 #[async_trait]
-impl<C: Controller> Handler<Namespace> for Manager<C> {
-    async fn on_add(&self, namespace: &Namespace) -> Result<(), Error> {
-        self.push(QueueKey::Namespace(namespace.key()?), |_| {});
+impl<C: Controller, K: QueuedByName> Handler<K> for Manager<C> {
+    async fn on_add(&self, object: &K) -> Result<(), Error> {
+        self.push(K::queue_key(object.key()?), |_| {});
         Ok(())
     }
 
-    async fn on_update(&self, _old: &Namespace, new: &Namespace) -> Result<(), Error> {
+    async fn on_update(&self, _old: &K, new: &K) -> Result<(), Error> {
         self.on_add(new).await
     }
 
-    async fn on_delete(&self, namespace: &Namespace) -> Result<(), Error> {
-        self.on_add(namespace).await
+    async fn on_delete(&self, object: &K) -> Result<(), Error> {
+        self.on_add(object).await
     }
 }
 
