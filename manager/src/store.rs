@@ -52,42 +52,38 @@ pub struct DashMapStore {
 
 impl Store for DashMapStore {
     fn service(&self, key: &str) -> Option<Arc<Service>> {
-        self.services
-            .get(key)
-            .map(|entry| Arc::clone(entry.value()))
+        get(&self.services, key)
     }
 
     fn service_keys(&self) -> Vec<String> {
-        self.services
-            .iter()
-            .map(|entry| entry.key().clone())
-            .collect()
+        keys(&self.services)
     }
 
     fn pool(&self, name: &str) -> Option<Arc<IPAddressPool>> {
-        self.pools.get(name).map(|entry| Arc::clone(entry.value()))
+        get(&self.pools, name)
     }
 
     fn pool_names(&self) -> Vec<String> {
-        self.pools.iter().map(|entry| entry.key().clone()).collect()
+        keys(&self.pools)
     }
 
     fn namespace(&self, name: &str) -> Option<Arc<Namespace>> {
-        self.namespaces
-            .get(name)
-            .map(|entry| Arc::clone(entry.value()))
+        get(&self.namespaces, name)
     }
 
     fn cilium_pool(&self, name: &str) -> Option<Arc<CiliumLoadBalancerIPPool>> {
-        self.cilium_pools
-            .get(name)
-            .map(|entry| Arc::clone(entry.value()))
+        get(&self.cilium_pools, name)
     }
 
     fn cilium_pool_names(&self) -> Vec<String> {
-        self.cilium_pools
-            .iter()
-            .map(|entry| entry.key().clone())
-            .collect()
+        keys(&self.cilium_pools)
     }
+}
+
+fn get<T>(map: &DashMap<String, Arc<T>>, key: &str) -> Option<Arc<T>> {
+    map.get(key).map(|entry| Arc::clone(entry.value()))
+}
+
+fn keys<T>(map: &DashMap<String, T>) -> Vec<String> {
+    map.iter().map(|entry| entry.key().clone()).collect()
 }
