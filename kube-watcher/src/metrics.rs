@@ -171,24 +171,15 @@ impl Metrics {
 #[derive(Debug)]
 struct ControllerCollector(Arc<Source>);
 
-fn gauge(
+/// One metric without labels.
+fn encode_metric(
     encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
-    value: i64,
+    metric: impl EncodeMetric,
 ) -> Result<(), std::fmt::Error> {
-    let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    ConstGauge::new(value).encode(metric)
-}
-
-fn counter(
-    encoder: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    value: u64,
-) -> Result<(), std::fmt::Error> {
-    let metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-    ConstCounter::new(value).encode(metric)
+    let descriptor = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+    metric.encode(descriptor)
 }
 
 /// A count as a gauge value (exact up to 2^53).
@@ -236,17 +227,17 @@ impl Collector for ControllerCollector {
             }
         }
         let leader = self.0.leader.load(Ordering::Relaxed);
-        gauge(
+        encode_metric(
             &mut encoder,
             "kube_watcher_leader",
             "1 while this replica holds the lease",
-            i64::from(leader),
+            ConstGauge::new(i64::from(leader)),
         )?;
-        gauge(
+        encode_metric(
             &mut encoder,
             "kube_watcher_synced",
             "1 once every watcher finished its initial list",
-            i64::from(self.0.synced.is_synced()),
+            ConstGauge::new(i64::from(self.0.synced.is_synced())),
         )
     }
 }
@@ -315,30 +306,31 @@ fn encode_counters(
     stats: &ControllerStats,
     host_event_errors: u64,
 ) -> Result<(), std::fmt::Error> {
-    counter(
-        encoder,
-        "kube_watcher_reconciliations",
-        "Service reconciliations",
-        stats.reconciliations,
-    )?;
-    counter(
-        encoder,
-        "kube_watcher_write_errors",
-        "Failed Service status or annotation writes (retried)",
-        stats.write_errors,
-    )?;
-    counter(
-        encoder,
-        "kube_watcher_event_errors",
-        "Events that could not be emitted",
-        stats.event_errors.saturating_add(host_event_errors),
-    )?;
-    counter(
-        encoder,
-        "kube_watcher_pool_rejections",
-        "Times a pool change left a pool rejected",
-        stats.pool_rejections,
-    )
+    for (name, help, value) in [
+        (
+            "kube_watcher_reconciliations",
+            "Service reconciliations",
+            stats.reconciliations,
+        ),
+        (
+            "kube_watcher_write_errors",
+            "Failed Service status or annotation writes (retried)",
+            stats.write_errors,
+        ),
+        (
+            "kube_watcher_event_errors",
+            "Events that could not be emitted",
+            stats.event_errors.saturating_add(host_event_errors),
+        ),
+        (
+            "kube_watcher_pool_rejections",
+            "Times a pool change left a pool rejected",
+            stats.pool_rejections,
+        ),
+    ] {
+        encode_metric(encoder, name, help, ConstCounter::new(value))?;
+    }
+    Ok(())
 }
 
 fn response(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
