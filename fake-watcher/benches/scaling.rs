@@ -2262,10 +2262,15 @@ fn child_replay(args: &[String]) -> Result<()> {
     let cpu = process_cpu();
     let wall = Instant::now();
     let file = std::fs::File::open(path)?;
+    // As the binary: the state is left to the OS at exit.
+    let options = ReplayOptions {
+        leak_state: true,
+        ..ReplayOptions::default()
+    };
     let output = replay_pipelined(
         "growth",
         BufReader::with_capacity(1 << 16, file),
-        &ReplayOptions::default(),
+        &options,
         &mut heap,
     )?;
     // As the binary: the document is serialized as it is written out.

@@ -77,6 +77,12 @@ pub struct ReplayOptions {
     /// Write no Service condition (`ControllerConfig::without_conditions`):
     /// for the benchmark that measures what the condition costs.
     pub without_conditions: bool,
+    /// Never free the replay's state (the store, the allocator, the
+    /// manager) once the output is made: for a process that ends right
+    /// after, as `fake-watcher replay` does, where freeing 100k Services'
+    /// worth of scattered objects is work (a cache miss each) that the
+    /// operating system does at exit for free.
+    pub leak_state: bool,
 }
 
 impl Default for ReplayOptions {
@@ -96,6 +102,7 @@ impl Default for ReplayOptions {
             writes_per_service: WRITES_PER_SERVICE,
             exhaustive: false,
             without_conditions: false,
+            leak_state: false,
         }
     }
 }
@@ -253,13 +260,12 @@ pub fn replay_pipelined<R: BufRead + Send + 'static>(
 ) -> Result<ReplayOutput, ReplayError> {
     let source =
         Source::thread(reader, read_options(file, options)).map_err(ReplayError::Runtime)?;
-    runtime()?.block_on(replay_from(
-        file,
-        source,
-        options,
-        observer,
-        Teardown::Background,
-    ))
+    let teardown = if options.leak_state {
+        Teardown::Leak
+    } else {
+        Teardown::Background
+    };
+    runtime()?.block_on(replay_from(file, source, options, observer, teardown))
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, ReplayError> {
@@ -297,6 +303,8 @@ enum Teardown {
     /// On a thread of its own: freeing a cluster's worth of objects is a
     /// tenth of a replay's time, and nothing waits for it.
     Background,
+    /// Never ([`ReplayOptions::leak_state`]).
+    Leak,
 }
 
 async fn replay_from(
@@ -648,12 +656,16 @@ impl Host {
     /// the worker had panicked.
     async fn stop(mut self, teardown: Teardown) -> Result<(), ReplayError> {
         let stopped = self.plugin.stop().await.map_err(ReplayError::Worker);
-        if teardown == Teardown::Background {
-            // If no thread can be had, the closure (and the host) is
-            // dropped here instead.
-            let _ = std::thread::Builder::new()
-                .name("replay-teardown".to_owned())
-                .spawn(move || drop(self));
+        match teardown {
+            Teardown::Here => {}
+            Teardown::Background => {
+                // If no thread can be had, the closure (and the host) is
+                // dropped here instead.
+                let _ = std::thread::Builder::new()
+                    .name("replay-teardown".to_owned())
+                    .spawn(move || drop(self));
+            }
+            Teardown::Leak => std::mem::forget(self),
         }
         stopped
     }
