@@ -25,7 +25,6 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use allocator::cilium::CiliumLoadBalancerIPPoolSpec;
 use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ApiResource, DynamicObject};
@@ -53,18 +52,13 @@ pub(crate) const VERSIONS: [&str; 2] = ["v2", "v2alpha1"];
 /// How often discovery is asked again while the CRD is not served.
 pub(crate) const DISCOVERY_PERIOD: Duration = Duration::from_secs(300);
 
-/// A `CiliumLoadBalancerIPPool` as cached: the spec as Cilium defines it
-/// and the status kept raw, so a read-modify-write of its conditions keeps
-/// every other writer's condition exactly as it was.
+/// A `CiliumLoadBalancerIPPool` as cached: the object the subscriber chains
+/// take (its status kept raw, so a read-modify-write of its conditions
+/// keeps every other writer's condition exactly as it was), wrapped to be a
+/// kube [`Resource`].
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct CiliumPoolResource {
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: CiliumLoadBalancerIPPoolSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<serde_json::Value>,
-}
+#[serde(transparent)]
+pub struct CiliumPoolResource(pub subscriber::CiliumLoadBalancerIPPool);
 
 // By hand rather than kube's derive: the derive ties the type to one
 // version, and the object is the same at both. The static version is `v2`;
@@ -86,20 +80,16 @@ impl Resource for CiliumPoolResource {
         Cow::Borrowed(PLURAL)
     }
     fn meta(&self) -> &ObjectMeta {
-        &self.metadata
+        &self.0.metadata
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
+        &mut self.0.metadata
     }
 }
 
 /// The pool as the subscriber chains and the manager take it.
 pub(crate) fn to_subscriber(pool: &CiliumPoolResource) -> subscriber::CiliumLoadBalancerIPPool {
-    subscriber::CiliumLoadBalancerIPPool {
-        metadata: pool.metadata.clone(),
-        spec: pool.spec.clone(),
-        status: pool.status.clone(),
-    }
+    pool.0.clone()
 }
 
 /// The resource at `version` (`v2` or `v2alpha1`).
@@ -334,13 +324,13 @@ mod tests {
             else {
                 panic!("not decoded");
             };
-            assert_eq!(pool.metadata.name.as_deref(), Some("blue"));
-            assert_eq!(pool.metadata.generation, Some(2));
-            assert!(pool.metadata.annotations.is_none());
-            assert!(pool.metadata.managed_fields.is_none());
-            assert_eq!(pool.spec.blocks.len(), 1);
+            assert_eq!(pool.0.metadata.name.as_deref(), Some("blue"));
+            assert_eq!(pool.0.metadata.generation, Some(2));
+            assert!(pool.0.metadata.annotations.is_none());
+            assert!(pool.0.metadata.managed_fields.is_none());
+            assert_eq!(pool.0.spec.blocks.len(), 1);
             assert_eq!(
-                pool.status.unwrap()["conditions"][0]["type"],
+                pool.0.status.unwrap()["conditions"][0]["type"],
                 json!("other")
             );
         }
@@ -433,13 +423,13 @@ mod tests {
         let (_, writer) = kube::runtime::reflector::store::<CiliumPoolResource>();
         let mut driver = Driver::new(KIND, writer);
         let deletes = Deletes::default();
-        let blue = CiliumPoolResource {
+        let blue = CiliumPoolResource(subscriber::CiliumLoadBalancerIPPool {
             metadata: ObjectMeta {
                 name: Some("blue".to_owned()),
                 ..ObjectMeta::default()
             },
-            ..CiliumPoolResource::default()
-        };
+            ..Default::default()
+        });
         driver.handle(watcher::Event::Apply(blue), &deletes).await;
 
         let stop = cancel.clone();

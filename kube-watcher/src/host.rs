@@ -533,7 +533,7 @@ async fn deliver_cache(store: &KubeStore, manager: &TermManager) {
             report(manager.on_add(&to_subscriber(pool)).await);
         }
         if let Some(pool) = cilium {
-            report(manager.on_add(&cilium::to_subscriber(pool)).await);
+            report(manager.on_add(&pool.0).await);
         }
     }
     let mut services = store.services().state();

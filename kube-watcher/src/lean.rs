@@ -112,7 +112,7 @@ pub(crate) fn pool(pool: &mut IPAddressPoolResource) {
 /// Drops a Cilium pool's `managedFields` and annotations; its status stays
 /// whole (its conditions are read-modify-written, docs/cilium.md §2.8).
 pub(crate) fn cilium_pool(pool: &mut CiliumPoolResource) {
-    lean_metadata(&mut pool.metadata, |_| false);
+    lean_metadata(&mut pool.0.metadata, |_| false);
 }
 
 #[cfg(test)]

@@ -130,10 +130,10 @@ impl CiliumPoolState {
         pool: &CiliumPoolResource,
         figures: &manager::CiliumPoolFigures<'_>,
     ) -> Option<Self> {
-        let conditions = figures.conditions(&cilium::to_subscriber(pool))?;
+        let conditions = figures.conditions(&pool.0)?;
         Some(Self {
             conditions,
-            generation: pool.metadata.generation,
+            generation: pool.0.metadata.generation,
         })
     }
 
@@ -203,7 +203,8 @@ fn find<'a>(conditions: &'a [Value], type_: &str) -> Option<&'a Value> {
 
 /// `status.conditions` of a cached Cilium pool.
 fn shown_conditions(pool: &CiliumPoolResource) -> Vec<Value> {
-    pool.status
+    pool.0
+        .status
         .as_ref()
         .and_then(|status| status.get("conditions"))
         .and_then(Value::as_array)
@@ -436,14 +437,14 @@ impl PoolStatusWriter {
             if !self.gate.is_open() {
                 break;
             }
-            let Some(name) = pool.metadata.name.clone() else {
+            let Some(name) = pool.0.metadata.name.clone() else {
                 continue;
             };
             if state.is_shown_in(&shown_conditions(&pool)) {
                 self.cilium_written.remove(&name);
                 continue;
             }
-            let read_at = pool.metadata.resource_version.clone();
+            let read_at = pool.0.metadata.resource_version.clone();
             if self.cilium_written.get(&name) == Some(&(state.clone(), read_at.clone())) {
                 continue;
             }
@@ -468,13 +469,13 @@ impl PoolStatusWriter {
     ) -> bool {
         let api: Api<DynamicObject> =
             Api::all_with(self.client.clone(), &cilium::api_resource(version));
-        let name = pool.metadata.name.clone().unwrap_or_default();
+        let name = pool.0.metadata.name.clone().unwrap_or_default();
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
         let mut conditions = shown_conditions(pool);
-        let mut resource_version = pool.metadata.resource_version.clone();
+        let mut resource_version = pool.0.metadata.resource_version.clone();
         for attempt in 0..2 {
             let patch = json!({
                 "metadata": {"resourceVersion": resource_version},

@@ -183,7 +183,7 @@ impl manager::Store for KubeStore {
             .cilium_pools
             .state()
             .iter()
-            .filter_map(|pool| pool.metadata.name.clone())
+            .filter_map(|pool| pool.0.metadata.name.clone())
             .collect();
         names.sort();
         names
@@ -249,10 +249,12 @@ mod tests {
         let (namespaces, _) = reflector::store::<Namespace>();
         let (cilium, mut writer) = reflector::store::<CiliumPoolResource>();
         for name in ["red", "blue"] {
-            writer.apply_watcher_event(&Event::Apply(CiliumPoolResource {
-                metadata: meta(None, name),
-                ..CiliumPoolResource::default()
-            }));
+            writer.apply_watcher_event(&Event::Apply(CiliumPoolResource(
+                subscriber::CiliumLoadBalancerIPPool {
+                    metadata: meta(None, name),
+                    ..Default::default()
+                },
+            )));
         }
         let store = KubeStore::new(services, pools, namespaces).with_cilium_pools(cilium);
         assert_eq!(store.cilium_pool_names(), ["blue", "red"]);
