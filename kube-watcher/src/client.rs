@@ -27,8 +27,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::Resource;
 use manager::{
-    CiliumConditionChange, Client, ClientError, ConditionKind, Event, EventType, ServiceCondition,
-    ServiceWrite, Store, CILIUM_CONDITION_TYPE, CONDITION_TYPE, POOL_ANNOTATION,
+    pool_annotation, CiliumConditionChange, Client, ClientError, ConditionKind, Event, EventType,
+    ServiceCondition, ServiceWrite, Store, CILIUM_CONDITION_TYPE, CONDITION_TYPE, POOL_ANNOTATION,
 };
 use serde_json::{json, Value};
 
@@ -232,15 +232,6 @@ fn current_ingress(service: &Service) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn current_pool(service: &Service) -> Option<&str> {
-    service
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|annotations| annotations.get(POOL_ANNOTATION))
-        .map(String::as_str)
-}
-
 impl KubeClient {
     /// A client writing through `client`, reading current objects from
     /// `store`, allowed to write while `gate` is open; Events name
@@ -372,7 +363,7 @@ impl Client for KubeClient {
         // no cached object (it went away meanwhile), both.
         let annotation_differs = current
             .as_deref()
-            .is_none_or(|service| current_pool(service) != write.pool.as_deref());
+            .is_none_or(|service| pool_annotation(service) != write.pool.as_deref());
         let ingress_differs = current
             .as_deref()
             .is_none_or(|service| current_ingress(service) != wanted);
@@ -411,7 +402,7 @@ impl Client for KubeClient {
             .wait_for_service(key, READ_YOUR_WRITES, |service| {
                 service.is_none_or(|service| {
                     current_ingress(service) == wanted
-                        && current_pool(service) == write.pool.as_deref()
+                        && pool_annotation(service) == write.pool.as_deref()
                         && ConditionKind::Assigned.shown(service) == write.condition
                         && cilium_shown(service, &write.cilium_condition)
                 })

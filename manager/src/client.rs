@@ -11,6 +11,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 /// The annotation that names the pool a Service's addresses came from.
 pub const POOL_ANNOTATION: &str = "metallb.io/ip-allocated-from-pool";
 
+/// The [`POOL_ANNOTATION`] the Service shows, if any.
+pub fn pool_annotation(service: &Service) -> Option<&str> {
+    service
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(POOL_ANNOTATION)
+        .map(String::as_str)
+}
+
 /// The type of the controller's condition in a Service's
 /// `status.conditions` (docs/allocation.md §4.7).
 pub const CONDITION_TYPE: &str = "metallb.io/AddressAssigned";

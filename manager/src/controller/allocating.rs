@@ -23,12 +23,13 @@ use tracing::{debug, info, warn};
 
 use super::decide::{decide, incomplete, CiliumUnsatisfied, Decision, Failure, Input, Outcome};
 use super::service::{
-    is_ours, parse_status, pool_annotation, same_but_written, status_ip_strings, status_shows,
-    status_texts, ServiceView, SharingAcrossNamespaces, NO_LABELS,
+    is_ours, parse_status, same_but_written, status_ip_strings, status_shows, status_texts,
+    ServiceView, SharingAcrossNamespaces, NO_LABELS,
 };
 use super::{Controller, Reconsider, RestoreOutcome, Shortcuts, SyncOutcome, SyncState, WakeOn};
 use crate::client::{
-    CiliumConditionChange, Client, ConditionKind, Event, EventType, ServiceCondition, ServiceWrite,
+    pool_annotation, CiliumConditionChange, Client, ConditionKind, Event, EventType,
+    ServiceCondition, ServiceWrite,
 };
 use crate::store::Store;
 

@@ -11,8 +11,8 @@ use allocator::{FamilyPolicy, Port};
 use k8s_openapi::api::core::v1::Service;
 
 use super::allocating::{labels_of, AllocatingController};
-use super::service::{is_ours, pool_annotation, status_ip_strings, ServiceView};
-use crate::client::{ConditionKind, ServiceCondition};
+use super::service::{is_ours, status_ip_strings, ServiceView};
+use crate::client::{pool_annotation, ConditionKind, ServiceCondition};
 
 /// Why the controller leaves a Service alone (docs/allocation.md §4.1).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -568,16 +568,6 @@ pub(crate) fn same_but_written(old: &Service, new: &Service) -> bool {
         && others(&a.annotations).eq(others(&b.annotations))
 }
 
-/// The pool annotation the controller wrote, if any.
-pub(crate) fn pool_annotation(service: &Service) -> Option<&str> {
-    service
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(POOL_ANNOTATION)
-        .map(String::as_str)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
