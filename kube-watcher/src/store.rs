@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::runtime::reflector::{self, ObjectRef};
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 use subscriber::{CiliumLoadBalancerIPPool, IPAddressPool};
 use tokio::sync::watch;
 
@@ -158,15 +158,8 @@ impl manager::Store for KubeStore {
     }
 
     fn pool_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .pools
-            .state()
-            .iter()
-            .filter_map(|pool| pool.metadata.name.clone())
-            .collect();
-        names.sort();
-        names.dedup();
-        names
+        // A name in two namespaces is one pool.
+        sorted_names(&self.pools)
     }
 
     fn namespace(&self, name: &str) -> Option<Arc<Namespace>> {
@@ -179,15 +172,22 @@ impl manager::Store for KubeStore {
     }
 
     fn cilium_pool_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .cilium_pools
-            .state()
-            .iter()
-            .filter_map(|pool| pool.0.metadata.name.clone())
-            .collect();
-        names.sort();
-        names
+        sorted_names(&self.cilium_pools)
     }
+}
+
+/// The names of the objects in `store`, sorted, each once.
+fn sorted_names<K: Resource<DynamicType = ()> + Clone + 'static>(
+    store: &reflector::Store<K>,
+) -> Vec<String> {
+    let mut names: Vec<String> = store
+        .state()
+        .iter()
+        .filter_map(|object| object.meta().name.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 #[cfg(test)]
