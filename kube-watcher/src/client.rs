@@ -183,15 +183,6 @@ pub(crate) fn cilium_condition_change(
     }
 }
 
-/// Whether `service` shows Cilium's condition as `wanted` leaves it.
-fn cilium_shown(service: &Service, wanted: &CiliumConditionChange) -> bool {
-    match wanted {
-        CiliumConditionChange::Keep => true,
-        CiliumConditionChange::Set(condition) => condition.is_shown(service),
-        CiliumConditionChange::Remove => ConditionKind::Cilium.find(service).is_none(),
-    }
-}
-
 /// What the status patch must do to the condition of `kind` for `wanted`
 /// (`None`: remove it), given the cached `current` Service: nothing while
 /// the Service shows it ([`ServiceCondition::is_shown`]), else the merged
@@ -404,7 +395,7 @@ impl Client for KubeClient {
                     current_ingress(service) == wanted
                         && pool_annotation(service) == write.pool.as_deref()
                         && ConditionKind::Assigned.shown(service) == write.condition
-                        && cilium_shown(service, &write.cilium_condition)
+                        && write.cilium_condition.is_shown(service)
                 })
             })
             .await;
@@ -648,7 +639,7 @@ mod tests {
             cilium_condition_change(Some(&shown), &set, &now),
             ConditionChange::Keep
         );
-        assert!(cilium_shown(&shown, &set));
+        assert!(set.is_shown(&shown));
         // Removed only when shown; kept when the write leaves it.
         assert_eq!(
             cilium_condition_change(Some(&shown), &CiliumConditionChange::Remove, &now),

@@ -72,6 +72,17 @@ pub enum CiliumConditionChange {
     Remove,
 }
 
+impl CiliumConditionChange {
+    /// Whether `service` shows Cilium's condition as this change leaves it.
+    pub fn is_shown(&self, service: &Service) -> bool {
+        match self {
+            CiliumConditionChange::Keep => true,
+            CiliumConditionChange::Set(condition) => condition.is_shown(service),
+            CiliumConditionChange::Remove => ConditionKind::Cilium.find(service).is_none(),
+        }
+    }
+}
+
 /// The two conditions the controller writes on a Service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConditionKind {

@@ -768,13 +768,9 @@ fn desired_write(
 ) -> Option<ServiceWrite> {
     // A Service without Cilium's condition gets it with the next write
     // made anyway, not by a write of its own (docs/cilium.md §3.6).
-    let shows_cilium = match &cilium_condition {
-        CiliumConditionChange::Set(c) => {
-            ConditionKind::Cilium.find(service).is_none() || c.is_shown(service)
-        }
-        CiliumConditionChange::Keep => true,
-        CiliumConditionChange::Remove => ConditionKind::Cilium.find(service).is_none(),
-    };
+    let shows_cilium = cilium_condition.is_shown(service)
+        || (matches!(cilium_condition, CiliumConditionChange::Set(_))
+            && ConditionKind::Cilium.find(service).is_none());
     let shows = status_shows(service, after.map_or(&[], |h| &h.ips))
         && pool_annotation(service) == pool
         && condition.as_ref().is_none_or(|c| c.is_shown(service))
