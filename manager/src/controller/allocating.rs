@@ -571,10 +571,7 @@ impl AllocatingController {
         outcome.freed = freed(&state.allocator, released.as_ref(), None);
         Plan {
             write,
-            events: Vec::new(),
-            outcome,
-            warned: false,
-            announced_clear: None,
+            ..Plan::done(outcome)
         }
     }
 
