@@ -537,30 +537,21 @@ mod tests {
              "message": "PoolExhausted!", "observedGeneration": 2,
              "lastTransitionTime": "2025-01-01T00:00:00Z"}
         ]));
+        let ours = |service: &Service, wanted: Option<&ServiceCondition>| {
+            condition_change(Some(service), ConditionKind::Assigned, wanted, &now)
+        };
         // Unchanged: nothing to write.
         let same = condition(false, "PoolExhausted");
-        assert_eq!(
-            condition_change(Some(&service), ConditionKind::Assigned, Some(&same), &now),
-            ConditionChange::Keep
-        );
+        assert_eq!(ours(&service, Some(&same)), ConditionChange::Keep);
         // Another reason, same status: the time stays.
-        let ConditionChange::Set(set) = condition_change(
-            Some(&service),
-            ConditionKind::Assigned,
-            Some(&condition(false, "NoPoolServes")),
-            &now,
-        ) else {
+        let ConditionChange::Set(set) = ours(&service, Some(&condition(false, "NoPoolServes")))
+        else {
             panic!("a write")
         };
         assert_eq!(set.reason, "NoPoolServes");
         assert_eq!(set.last_transition_time, time("2025-01-01T00:00:00Z"));
         // Another status: now.
-        let ConditionChange::Set(set) = condition_change(
-            Some(&service),
-            ConditionKind::Assigned,
-            Some(&condition(true, "Assigned")),
-            &now,
-        ) else {
+        let ConditionChange::Set(set) = ours(&service, Some(&condition(true, "Assigned"))) else {
             panic!("a write")
         };
         assert_eq!(
@@ -568,19 +559,8 @@ mod tests {
             ("True", now.clone())
         );
         // Removed, only when shown.
-        assert_eq!(
-            condition_change(Some(&service), ConditionKind::Assigned, None, &now),
-            ConditionChange::Remove
-        );
-        assert_eq!(
-            condition_change(
-                Some(&showing(json!([]))),
-                ConditionKind::Assigned,
-                None,
-                &now
-            ),
-            ConditionChange::Keep
-        );
+        assert_eq!(ours(&service, None), ConditionChange::Remove);
+        assert_eq!(ours(&showing(json!([])), None), ConditionChange::Keep);
     }
 
     fn cilium(satisfied: bool, reason: &str) -> ServiceCondition {
