@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Service;
-use manager::{Client, ClientError, Event, ServiceWrite};
+use manager::{Client, ClientError, Event, EventType, ServiceWrite};
 use serde::{Deserialize, Serialize};
 use subscriber::{Chain, Handler};
 use tokio::sync::watch;
@@ -153,7 +153,74 @@ struct Log {
     /// Whether `writes` is kept (a trace needs it; a plain replay does not).
     keep_writes: bool,
     writes: Vec<WriteRecord>,
-    events: Vec<EventRecord>,
+    events: EventLog,
+}
+
+/// The Events so far, packed: the strings of all of them in one buffer.
+/// A replay of 100k Services logs 100k Events; four strings each, spread
+/// over the heap among everything the replay made meanwhile, cost a cache
+/// miss apiece when the result is written, and twice the memory.
+#[derive(Debug, Default)]
+struct EventLog {
+    text: String,
+    events: Vec<PackedEvent>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PackedEvent {
+    /// Where the key, the reason and the message end in `text` (each
+    /// starts where the one before ends; the key where the previous
+    /// Event's message ends).
+    ends: [usize; 3],
+    event_type: EventType,
+    line: u64,
+}
+
+impl EventLog {
+    fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    fn push(&mut self, key: &str, event: &Event, line: u64) {
+        let mut ends = [0; 3];
+        for (end, part) in ends.iter_mut().zip([key, &event.reason, &event.message]) {
+            self.text.push_str(part);
+            *end = self.text.len();
+        }
+        self.events.push(PackedEvent {
+            ends,
+            event_type: event.event_type,
+            line,
+        });
+    }
+
+    /// The Events from the `from`th on, unpacked.
+    fn records(&self, from: usize) -> Vec<EventRecord> {
+        let Some(events) = self.events.get(from..) else {
+            return Vec::new();
+        };
+        let mut start = from
+            .checked_sub(1)
+            .and_then(|before| self.events.get(before))
+            .map_or(0, |before| before.ends[2]);
+        events
+            .iter()
+            .map(|event| {
+                let [key, reason, message] = event.ends.map(|end| {
+                    let part = self.text.get(start..end).unwrap_or_default().to_owned();
+                    start = end;
+                    part
+                });
+                EventRecord {
+                    key,
+                    event_type: event.event_type.as_str().to_owned(),
+                    reason,
+                    message,
+                    line: event.line,
+                }
+            })
+            .collect()
+    }
 }
 
 /// The in-memory [`Client`] of a replay.
@@ -194,7 +261,7 @@ impl MemoryClient {
                 attempts: 0,
                 keep_writes: true,
                 writes: Vec::new(),
-                events: Vec::new(),
+                events: EventLog::default(),
             }),
             limit: AtomicU64::new(u64::MAX),
             overrun: watch::Sender::new(false),
@@ -253,13 +320,13 @@ impl MemoryClient {
 
     /// Every Event so far, in order.
     pub fn events(&self) -> Vec<EventRecord> {
-        self.log().events.clone()
+        self.log().events.records(0)
     }
 
     /// Every Event so far, in order, taken out of the log (which starts
     /// afresh).
     pub fn take_events(&self) -> Vec<EventRecord> {
-        std::mem::take(&mut self.log().events)
+        std::mem::take(&mut self.log().events).records(0)
     }
 
     /// How many writes and Events there are so far (a mark for
@@ -274,7 +341,7 @@ impl MemoryClient {
         let log = self.log();
         (
             log.writes.get(mark.0..).unwrap_or_default().to_vec(),
-            log.events.get(mark.1..).unwrap_or_default().to_vec(),
+            log.events.records(mark.1),
         )
     }
 
@@ -339,13 +406,8 @@ impl Client for MemoryClient {
     }
 
     async fn emit_event(&self, key: &str, event: &Event) -> Result<(), ClientError> {
-        self.log().events.push(EventRecord {
-            key: key.to_owned(),
-            event_type: event.event_type.as_str().to_owned(),
-            reason: event.reason.clone(),
-            message: event.message.clone(),
-            line: self.line.load(Ordering::SeqCst),
-        });
+        let line = self.line.load(Ordering::SeqCst);
+        self.log().events.push(key, event, line);
         Ok(())
     }
 }
@@ -353,6 +415,44 @@ impl Client for MemoryClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_event_log_gives_back_every_event_from_any_mark() {
+        let event = |event_type, reason: &str, message: &str| Event {
+            event_type,
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+        };
+        let events = [
+            (
+                "a/x",
+                event(
+                    EventType::Normal,
+                    "IPAllocated",
+                    "Assigned IP [\"10.0.0.1\"]",
+                ),
+            ),
+            ("", event(EventType::Warning, "AllocationFailed", "")),
+            ("b/é", event(EventType::Warning, "", "no pool \"p\" ✓")),
+        ];
+        let mut log = EventLog::default();
+        let mut expected = Vec::new();
+        for (line, (key, event)) in (1u64..).zip(&events) {
+            log.push(key, event, line);
+            expected.push(EventRecord {
+                key: (*key).to_owned(),
+                event_type: event.event_type.as_str().to_owned(),
+                reason: event.reason.clone(),
+                message: event.message.clone(),
+                line,
+            });
+        }
+        assert_eq!(log.len(), 3);
+        for from in 0..=4 {
+            let tail = expected.get(from..).unwrap_or_default().to_vec();
+            assert_eq!(log.records(from), tail, "from {from}");
+        }
+    }
 
     #[test]
     fn every_nth_write_fails() {
