@@ -93,6 +93,52 @@ pub(crate) struct ReplayCache {
     objects: DashMapStore,
 }
 
+/// How many Services [`ReplayStore::for_each_service`] builds under one
+/// lock of the store.
+const BUILT_AT_ONCE: usize = 256;
+
+/// Every Service key, copied into one buffer and sorted. Sorting 100k
+/// `String`s chases a pointer per comparison into keys spread over the
+/// heap; here most comparisons end on the first 16 bytes, kept inline.
+struct SortedKeys {
+    text: String,
+    /// (the key's first 16 bytes as a big-endian number, zero-padded;
+    /// where it starts in `text`; its length), in key order.
+    order: Vec<(u128, usize, usize)>,
+}
+
+impl SortedKeys {
+    fn of(services: &Services) -> Self {
+        let keys = services.compact.keys().chain(services.whole.keys());
+        let mut text = String::new();
+        let mut order = Vec::with_capacity(services.len());
+        for key in keys {
+            let mut prefix = [0u8; 16];
+            for (to, from) in prefix.iter_mut().zip(key.bytes()) {
+                *to = from;
+            }
+            order.push((u128::from_be_bytes(prefix), text.len(), key.len()));
+            text.push_str(key);
+        }
+        // Equal prefixes (or a key with a NUL where another ends) fall back
+        // to the whole keys, so the order is exactly that of the strings.
+        order.sort_unstable_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then_with(|| Self::text_of(&text, a).cmp(Self::text_of(&text, b)))
+        });
+        SortedKeys { text, order }
+    }
+
+    fn text_of<'a>(text: &'a str, &(_, start, len): &(u128, usize, usize)) -> &'a str {
+        text.get(start..start.saturating_add(len))
+            .unwrap_or_default()
+    }
+
+    fn key(&self, span: &(u128, usize, usize)) -> &str {
+        Self::text_of(&self.text, span)
+    }
+}
+
 /// How many Services [`Hot`] keeps built.
 const HOT_SERVICES: usize = 128;
 
@@ -322,16 +368,24 @@ impl ReplayStore {
         self.cache.services().all()
     }
 
-    /// Calls `each` with every Service, sorted by key, built one at a time
-    /// (a cluster's worth of built Services takes ten times the store's
-    /// memory). `each` may read the store.
+    /// Calls `each` with every Service, sorted by key, built a few at a
+    /// time (a cluster's worth of built Services takes ten times the
+    /// store's memory). `each` may read the store.
     pub fn for_each_service(&self, mut each: impl FnMut(&str, &Service)) {
-        let mut keys = self.cache.service_keys();
-        keys.sort_unstable();
-        for key in keys {
-            let service = self.cache.services().peek(&key);
-            if let Some(service) = service {
-                each(&key, &service);
+        let keys = SortedKeys::of(&self.cache.services());
+        for chunk in keys.order.chunks(BUILT_AT_ONCE) {
+            let built: Vec<(&str, Arc<Service>)> = {
+                let services = self.cache.services();
+                chunk
+                    .iter()
+                    .filter_map(|span| {
+                        let key = keys.key(span);
+                        services.peek(key).map(|service| (key, service))
+                    })
+                    .collect()
+            };
+            for (key, service) in &built {
+                each(key, service);
             }
         }
     }
@@ -1002,6 +1056,33 @@ mod tests {
 
     fn ips(spec: &ServiceSpec) -> Vec<String> {
         spec.cluster_ips.clone().unwrap_or_default()
+    }
+
+    #[test]
+    fn sorted_keys_are_in_string_order_past_the_first_16_bytes() {
+        let mut services = Services::default();
+        let keys = [
+            "namespace-long/b",
+            "namespace-long/a-very-long-name-2",
+            "namespace-long/a-very-long-name-10",
+            "namespace-long/a",
+            "namespace-lon/z",
+            "a/b",
+            "namespace-long/",
+            "zz/\u{e9}",
+        ];
+        for key in keys {
+            services.compact.insert(key.into(), Box::new([]));
+        }
+        services
+            .whole
+            .insert("namespace-long/a-very-long".into(), Arc::default());
+        let sorted = SortedKeys::of(&services);
+        let got: Vec<&str> = sorted.order.iter().map(|span| sorted.key(span)).collect();
+        let mut expected: Vec<&str> = keys.to_vec();
+        expected.push("namespace-long/a-very-long");
+        expected.sort_unstable();
+        assert_eq!(got, expected);
     }
 
     #[test]
