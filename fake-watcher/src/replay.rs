@@ -15,7 +15,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::io::BufRead;
 
 use k8s_openapi::api::core::v1::Service;
-use manager::{ManagerConfig, POOL_ANNOTATION};
+use manager::ManagerConfig;
 use subscriber::CiliumLoadBalancerIPPool;
 
 use crate::client::FailurePlan;
@@ -741,12 +741,7 @@ pub(crate) fn status_ips(service: &Service) -> Vec<String> {
 
 /// The pool annotation the controller wrote on a Service.
 pub(crate) fn pool_of(service: &Service) -> Option<String> {
-    service
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|annotations| annotations.get(POOL_ANNOTATION))
-        .cloned()
+    manager::pool_annotation(service).map(str::to_owned)
 }
 
 fn service_result(key: String, service: &Service) -> ServiceResult {

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
-use manager::ServiceCondition;
+use manager::ConditionKind;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -239,7 +239,8 @@ impl ServiceState {
     fn of(service: &Service) -> Self {
         let ips = status_ips(service);
         let pool = pool_of(service);
-        let condition = ServiceCondition::shown(service)
+        let condition = ConditionKind::Assigned
+            .shown(service)
             .as_ref()
             .map(ConditionDocument::from);
         Self {

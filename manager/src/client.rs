@@ -155,11 +155,6 @@ pub struct ServiceCondition {
 }
 
 impl ServiceCondition {
-    /// Our condition as the Service `service` shows it, if it does.
-    pub fn shown(service: &Service) -> Option<ServiceCondition> {
-        ConditionKind::Assigned.shown(service)
-    }
-
     /// `"True"` or `"False"`, as Kubernetes writes a condition's status.
     pub fn status(&self) -> &'static str {
         if self.status {
