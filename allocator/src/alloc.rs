@@ -559,11 +559,6 @@ impl OpenSet {
         };
         pinned.chain(self.unpinned.iter())
     }
-
-    /// Every pool, in the §4.4 order.
-    fn iter(&self) -> impl Iterator<Item = &AutoKey> {
-        self.pinned.all().iter().chain(self.unpinned.iter())
-    }
 }
 
 /// Pools, holdings and the allocation rules. Plain data: no I/O, no async,
@@ -1915,11 +1910,12 @@ impl Allocator {
     /// The automatic Cilium pools that serve `request` and have addresses
     /// of `family`, in candidate order: where a Service held in a Cilium
     /// pool may get that family (see [`Allocator::complete_dual_stack`]),
-    /// so what a waiting one waits on. O(automatic pools).
+    /// so what a waiting one waits on. The pinned pools come from their
+    /// index, as in [`Allocator::allocate`].
     pub fn cilium_candidates(&self, request: &Request<'_>, family: Family) -> Vec<String> {
         self.auto
             .all
-            .iter()
+            .candidates(&request.subject, self.walks_every_pinned())
             .filter_map(|key| self.pools.get(&key.2))
             .filter(|state| {
                 self.step(1);

@@ -1240,6 +1240,41 @@ mod cost {
         a.steps() - before
     }
 
+    /// Where a half-served Service held in a Cilium pool waits
+    /// (`cilium_candidates`), with P Cilium pools each pinned to its own
+    /// namespace: the pools its namespace leads to, found by the index (a
+    /// walk over every automatic pool took P steps per Service).
+    #[test]
+    fn the_cilium_pools_a_half_served_service_waits_on_come_from_the_index() {
+        const P: u32 = 2000;
+        let mut a = Allocator::new();
+        for p in 0..P {
+            let spec = crate::cilium::CiliumLoadBalancerIPPoolSpec {
+                blocks: vec![crate::cilium::CiliumBlock {
+                    cidr: Some(format!("fd00:{p:x}::/126")),
+                    ..Default::default()
+                }],
+                service_selector: Some(LabelSelectorSpec {
+                    match_labels: [(SERVICE_NAMESPACE_LABEL.to_owned(), format!("ns-{p:05}"))]
+                        .into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            a.set_cilium_pool(&format!("p{p:05}"), &spec);
+        }
+        let before = a.steps();
+        for p in 0..P {
+            let request = svc(&format!("ns-{p:05}/s")).prefer(Family::V4);
+            assert_eq!(
+                a.cilium_candidates(&request.req(), Family::V6),
+                vec![format!("p{p:05}")]
+            );
+        }
+        let steps = a.steps() - before;
+        assert!(steps <= 2 * u64::from(P), "{steps} steps for {P} Services");
+    }
+
     /// P pools of one address each pinned to its own namespace, full: a
     /// Service that finds no room is told so, and the pools that serve it
     /// are found by the index too, not by a walk over every pool.
@@ -2368,7 +2403,12 @@ mod pinned_index {
                 let cilium = a.remove_cilium_pool(&format!("c{pool}")).released;
                 format!("{metallb:?} {cilium:?}")
             }
-            Op::Allocate { service } => format!("{:?}", a.allocate(&service.req())),
+            Op::Allocate { service } => {
+                let request = service.req();
+                // Where a half-served Service held in a Cilium pool waits.
+                let waits = [Family::V4, Family::V6].map(|f| a.cilium_candidates(&request, f));
+                format!("{:?} {waits:?}", a.allocate(&request))
+            }
             Op::Release { namespace, name } => {
                 let key = format!("{}/{}", pick(&NAMESPACES, *namespace), pick(&NAMES, *name));
                 format!("{:?}", a.release(&key))
