@@ -2388,7 +2388,10 @@ impl Allocator {
                         "{ip}: {holder} shares it with a namespace it does not admit"
                     ));
                 }
-                for port in held.ports() {
+                // A port a Service lists twice is one port of one Service
+                // (the API server refuses such a Service; a stream may not).
+                let own: BTreeSet<&Port> = held.ports().iter().collect();
+                for port in own {
                     if !seen.insert(port) {
                         problems.push(format!("{ip}: port {port} is used twice"));
                     }
