@@ -729,16 +729,7 @@ fn is_load_balancer(service: &Service) -> bool {
         .is_some_and(|kind| kind == "LoadBalancer")
 }
 
-/// `status.loadBalancer.ingress[].ip` of a Service, in order.
-pub(crate) fn status_ips(service: &Service) -> Vec<String> {
-    service
-        .status
-        .as_ref()
-        .and_then(|status| status.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
-        .unwrap_or_default()
-}
+pub(crate) use manager::status_ips;
 
 /// The pool annotation the controller wrote on a Service.
 pub(crate) fn pool_of(service: &Service) -> Option<String> {

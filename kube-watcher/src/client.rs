@@ -213,16 +213,6 @@ pub(crate) fn condition_change(
     }
 }
 
-fn current_ingress(service: &Service) -> Vec<String> {
-    service
-        .status
-        .as_ref()
-        .and_then(|status| status.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
-        .unwrap_or_default()
-}
-
 impl KubeClient {
     /// A client writing through `client`, reading current objects from
     /// `store`, allowed to write while `gate` is open; Events name
@@ -357,7 +347,7 @@ impl Client for KubeClient {
             .is_none_or(|service| pool_annotation(service) != write.pool.as_deref());
         let ingress_differs = current
             .as_deref()
-            .is_none_or(|service| current_ingress(service) != wanted);
+            .is_none_or(|service| manager::status_ips(service) != wanted);
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let condition = condition_change(
             current.as_deref(),
@@ -392,7 +382,7 @@ impl Client for KubeClient {
             .store
             .wait_for_service(key, READ_YOUR_WRITES, |service| {
                 service.is_none_or(|service| {
-                    current_ingress(service) == wanted
+                    manager::status_ips(service) == wanted
                         && pool_annotation(service) == write.pool.as_deref()
                         && ConditionKind::Assigned.shown(service) == write.condition
                         && write.cilium_condition.is_shown(service)

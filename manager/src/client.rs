@@ -21,6 +21,18 @@ pub fn pool_annotation(service: &Service) -> Option<&str> {
         .map(String::as_str)
 }
 
+/// `status.loadBalancer.ingress[].ip` of a Service, in order (an entry
+/// without an `ip` is left out; an empty one is kept, as written).
+pub fn status_ips(service: &Service) -> Vec<String> {
+    service
+        .status
+        .as_ref()
+        .and_then(|status| status.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
+        .unwrap_or_default()
+}
+
 /// The type of the controller's condition in a Service's
 /// `status.conditions` (docs/allocation.md §4.7).
 pub const CONDITION_TYPE: &str = "metallb.io/AddressAssigned";

@@ -66,26 +66,6 @@ impl RecordingClient {
     }
 }
 
-/// The addresses of the Service's status, in order.
-fn ips_of(service: &Service) -> Vec<String> {
-    service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
-        .unwrap_or_default()
-}
-
-/// The Service's pool annotation.
-fn pool_of(service: &Service) -> Option<&String> {
-    service
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(POOL_ANNOTATION))
-}
-
 #[async_trait]
 impl Client for RecordingClient {
     async fn write_service(&self, key: &str, write: &ServiceWrite) -> Result<(), ClientError> {
@@ -130,7 +110,9 @@ impl Client for RecordingClient {
             .insert(key.into(), Arc::new(new.clone()));
         let key = key.to_owned();
         let ingress = write.ingress.iter().map(IpAddr::to_string).collect();
-        if ips_of(&new) == ips_of(&old) && pool_of(&new) == pool_of(&old) {
+        if manager::status_ips(&new) == manager::status_ips(&old)
+            && manager::pool_annotation(&new) == manager::pool_annotation(&old)
+        {
             self.record(Record::ConditionWrite { key, ingress });
         } else {
             let pool = write.pool.clone();
@@ -645,17 +627,17 @@ impl Harness {
 
     /// The status addresses, space-separated (`""`: none).
     pub(crate) fn ips(&self, key: &str) -> String {
-        ips_of(&self.service(key)).join(" ")
+        manager::status_ips(&self.service(key)).join(" ")
     }
 
     /// `"10.0.0.1 fd00::1 @pool"` from the Service's status and pool
     /// annotation, `"none"` when it has neither.
     pub(crate) fn status(&self, key: &str) -> String {
         let service = self.service(key);
-        let ips = ips_of(&service);
-        match (ips.is_empty(), pool_of(&service)) {
+        let ips = manager::status_ips(&service);
+        match (ips.is_empty(), manager::pool_annotation(&service)) {
             (true, None) => "none".to_owned(),
-            (_, pool) => format!("{} @{}", ips.join(" "), pool.map_or("-", String::as_str)),
+            (_, pool) => format!("{} @{}", ips.join(" "), pool.unwrap_or("-")),
         }
     }
 
