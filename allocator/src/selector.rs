@@ -156,26 +156,38 @@ fn join(values: &BTreeSet<String>) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::spec::LabelSelectorRequirementSpec;
 
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pub(crate) fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
     }
 
-    fn expression(key: &str, operator: &str, values: &[&str]) -> LabelSelectorSpec {
+    /// A selector of `pairs` (matchLabels) and `expressions` (key,
+    /// operator, values); shared with the allocator's tests.
+    pub(crate) fn spec(
+        pairs: &[(&str, &str)],
+        expressions: &[(&str, &str, &[&str])],
+    ) -> LabelSelectorSpec {
         LabelSelectorSpec {
-            match_labels: BTreeMap::new(),
-            match_expressions: vec![LabelSelectorRequirementSpec {
-                key: key.into(),
-                operator: operator.into(),
-                values: values.iter().map(|v| v.to_string()).collect(),
-            }],
+            match_labels: labels(pairs),
+            match_expressions: expressions
+                .iter()
+                .map(|(key, operator, values)| LabelSelectorRequirementSpec {
+                    key: key.to_string(),
+                    operator: operator.to_string(),
+                    values: values.iter().map(|v| v.to_string()).collect(),
+                })
+                .collect(),
         }
+    }
+
+    fn expression(key: &str, operator: &str, values: &[&str]) -> LabelSelectorSpec {
+        spec(&[], &[(key, operator, values)])
     }
 
     #[test]
@@ -216,21 +228,7 @@ mod tests {
     #[test]
     fn required_pairs_of_the_most_selective_requirement() {
         let parse = |labels: &[(&str, &str)], expressions: &[(&str, &str, &[&str])]| {
-            Selector::parse(&LabelSelectorSpec {
-                match_labels: labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                match_expressions: expressions
-                    .iter()
-                    .map(|(key, operator, values)| LabelSelectorRequirementSpec {
-                        key: key.to_string(),
-                        operator: operator.to_string(),
-                        values: values.iter().map(|v| v.to_string()).collect(),
-                    })
-                    .collect(),
-            })
-            .unwrap()
+            Selector::parse(&spec(labels, expressions)).unwrap()
         };
         let pairs = |s: &Selector| s.required_pairs(|_| 0).map(|p| format!("{p:?}"));
         assert_eq!(pairs(&parse(&[], &[])), None);

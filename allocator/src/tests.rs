@@ -2038,29 +2038,7 @@ mod pinned_index {
     use crate::cilium::{CiliumBlock, CiliumLoadBalancerIPPoolSpec};
     use crate::spec::LabelSelectorRequirementSpec;
 
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    fn selector(
-        pairs: &[(&str, &str)],
-        expressions: &[(&str, &str, &[&str])],
-    ) -> LabelSelectorSpec {
-        LabelSelectorSpec {
-            match_labels: labels(pairs),
-            match_expressions: expressions
-                .iter()
-                .map(|(key, operator, values)| LabelSelectorRequirementSpec {
-                    key: key.to_string(),
-                    operator: operator.to_string(),
-                    values: values.iter().map(|v| v.to_string()).collect(),
-                })
-                .collect(),
-        }
-    }
+    use crate::selector::tests::{labels, spec as selector};
 
     fn metallb(addresses: &[&str], allocation: ServiceAllocationSpec) -> IPAddressPoolSpec {
         IPAddressPoolSpec {
