@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Service;
-use manager::{Client, ClientError, Event, EventType, ServiceWrite};
+use manager::{Client, ClientError, Event, EventType, ServiceWrite, Store};
 use serde::{Deserialize, Serialize};
 use subscriber::{Chain, Handler};
 use tokio::sync::watch;
@@ -154,6 +154,10 @@ struct Log {
     keep_writes: bool,
     writes: Vec<WriteRecord>,
     events: EventLog,
+    /// While `writes` is kept: for each Event, how many writes came before
+    /// it (the two logs' order, which tests check; a plain replay keeps
+    /// none of it).
+    writes_before: Vec<usize>,
 }
 
 /// The Events so far, packed: the strings of all of them in one buffer.
@@ -262,6 +266,7 @@ impl MemoryClient {
                 keep_writes: true,
                 writes: Vec::new(),
                 events: EventLog::default(),
+                writes_before: Vec::new(),
             }),
             limit: AtomicU64::new(u64::MAX),
             overrun: watch::Sender::new(false),
@@ -295,6 +300,12 @@ impl MemoryClient {
         let _ = overrun.wait_for(|overrun| *overrun).await;
     }
 
+    /// The shared cache the client writes into, for a manager built by hand
+    /// (the manager's own tests build one with their configuration).
+    pub fn cache(&self) -> Arc<dyn Store> {
+        self.store.cache()
+    }
+
     /// Connects the chain that the client's writes are delivered to; the
     /// first call wins.
     pub fn deliver_to(&self, services: &Arc<Chain<Service>>) {
@@ -311,6 +322,7 @@ impl MemoryClient {
         let mut log = self.log();
         log.keep_writes = false;
         log.writes = Vec::new();
+        log.writes_before = Vec::new();
     }
 
     /// Every write so far, in order.
@@ -323,10 +335,25 @@ impl MemoryClient {
         self.log().events.records(0)
     }
 
+    /// Every Event so far, in order, each with how many of
+    /// [`MemoryClient::writes`] came before it (0 once writes are
+    /// forgotten): the order of writes and Events together.
+    pub fn events_after_writes(&self) -> Vec<(usize, EventRecord)> {
+        let log = self.log();
+        let before = log
+            .writes_before
+            .iter()
+            .copied()
+            .chain(std::iter::repeat(0));
+        before.zip(log.events.records(0)).collect()
+    }
+
     /// Every Event so far, in order, taken out of the log (which starts
     /// afresh).
     pub fn take_events(&self) -> Vec<EventRecord> {
-        std::mem::take(&mut self.log().events).records(0)
+        let mut log = self.log();
+        log.writes_before = Vec::new();
+        std::mem::take(&mut log.events).records(0)
     }
 
     /// How many writes and Events there are so far (a mark for
@@ -407,7 +434,12 @@ impl Client for MemoryClient {
 
     async fn emit_event(&self, key: &str, event: &Event) -> Result<(), ClientError> {
         let line = self.line.load(Ordering::SeqCst);
-        self.log().events.push(key, event, line);
+        let mut log = self.log();
+        if log.keep_writes {
+            let writes = log.writes.len();
+            log.writes_before.push(writes);
+        }
+        log.events.push(key, event, line);
         Ok(())
     }
 }
@@ -452,6 +484,37 @@ mod tests {
             let tail = expected.get(from..).unwrap_or_default().to_vec();
             assert_eq!(log.records(from), tail, "from {from}");
         }
+    }
+
+    #[tokio::test]
+    async fn events_say_how_many_writes_came_before_them_while_writes_are_kept() {
+        let event = |reason: &str| Event {
+            event_type: EventType::Normal,
+            reason: reason.to_owned(),
+            message: String::new(),
+        };
+        let order = |client: &MemoryClient| -> Vec<(usize, String)> {
+            let events = client.events_after_writes().into_iter();
+            events.map(|(before, e)| (before, e.reason)).collect()
+        };
+        let client = MemoryClient::new(Arc::new(ReplayStore::new()), None);
+        let write = ServiceWrite::default();
+        client.emit_event("ns/a", &event("First")).await.unwrap();
+        // A Service the store does not have: a write recorded all the same.
+        assert!(client.write_service("ns/a", &write).await.is_err());
+        assert!(client.write_service("ns/a", &write).await.is_err());
+        client.emit_event("ns/a", &event("Second")).await.unwrap();
+        assert_eq!(client.writes().len(), 2);
+        assert_eq!(
+            order(&client),
+            [(0, "First".to_owned()), (2, "Second".to_owned())]
+        );
+
+        client.forget_writes();
+        client.emit_event("ns/a", &event("Third")).await.unwrap();
+        assert_eq!(order(&client).last(), Some(&(0, "Third".to_owned())));
+        assert_eq!(client.take_events().len(), 3);
+        assert!(order(&client).is_empty());
     }
 
     #[test]
