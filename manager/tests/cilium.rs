@@ -888,7 +888,7 @@ mod shortcuts {
     fn step(h: &Harness) -> Step {
         let shown = KEYS
             .iter()
-            .filter(|key| h.store.services.contains_key(**key))
+            .filter(|key| h.store.service(key).is_some())
             .map(|key| format!("{key}: {} / {}", h.ips(key), h.cilium(key)))
             .collect();
         (h.take(), shown)

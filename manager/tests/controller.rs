@@ -574,12 +574,20 @@ mod s4_3_families {
     async fn a_service_without_cluster_ip_gets_no_address() {
         let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.3"]))]).await;
         h.add(svc("ns/headless").headless()).await;
+        // The store, as an API server, gives every new Service a cluster IP
+        // but an ExternalName one, and keeps it on an update: created as
+        // ExternalName without one, then made a LoadBalancer, `none` has
+        // none (the object is the LoadBalancer Service without clusterIP).
         h.add(
             svc("ns/none")
+                .kind("ExternalName")
                 .unset(&["spec", "clusterIP"])
                 .unset(&["spec", "clusterIPs"]),
         )
         .await;
+        h.edit("ns/none", |s| s.kind("LoadBalancer")).await;
+        let spec = h.service("ns/none").spec.clone().unwrap();
+        assert_eq!((spec.cluster_ip, spec.cluster_ips), (None, None));
         let records = h.take();
         assert!(writes(&records).is_empty());
         assert_eq!(
@@ -1037,22 +1045,20 @@ mod s4_5_sync {
     async fn a_restarted_controller_keeps_every_address_and_writes_nothing() {
         let first = populated().await;
         let statuses: BTreeMap<String, String> = first
-            .store
-            .services
+            .services()
             .iter()
-            .map(|e| (e.key().clone(), first.status(e.key())))
+            .map(|(key, _)| (key.clone(), first.status(key)))
             .collect();
         assert_eq!(statuses["ns/auto"], "10.0.0.2 @a");
 
         let h = Harness::new();
         let pools: BTreeMap<String, Value> = first
-            .store
-            .pools
+            .pools()
             .iter()
-            .map(|e| {
+            .map(|pool| {
                 (
-                    e.key().clone(),
-                    serde_json::to_value(&e.value().spec).unwrap(),
+                    pool.metadata.name.clone().unwrap(),
+                    serde_json::to_value(&pool.spec).unwrap(),
                 )
             })
             .collect();
@@ -1061,10 +1067,9 @@ mod s4_5_sync {
         }
         // Seen in another order than they were allocated in.
         let mut services: Vec<Service> = first
-            .store
-            .services
+            .services()
             .iter()
-            .map(|e| (**e.value()).clone())
+            .map(|(_, service)| (**service).clone())
             .collect();
         services.sort_by(|a, b| b.metadata.name.cmp(&a.metadata.name));
         for service in services {
@@ -1763,10 +1768,9 @@ mod s5_manager {
     }
 
     fn statuses(h: &Harness) -> BTreeMap<String, String> {
-        h.store
-            .services
+        h.services()
             .iter()
-            .map(|e| (e.key().clone(), h.status(e.key())))
+            .map(|(key, _)| (key.clone(), h.status(key)))
             .collect()
     }
 
@@ -2196,8 +2200,8 @@ mod s4_7_conditions {
         };
         let first = condition(&h);
         assert_eq!(first.status, "False");
-        // Another failure, same status: the time stays (the harness writes
-        // every change at the epoch, so change it by hand first).
+        // Another failure, same status: the time stays (the store writes
+        // every change at one time, its clock, so change it by hand first).
         h.edit("ns/w", |s| {
             let mut s = s;
             s.0["status"]["conditions"][0]["lastTransitionTime"] = json!("2020-01-01T00:00:00Z");

@@ -1,31 +1,34 @@
 //! The machinery of the Manager's integration tests (tests/controller.rs,
-//! tests/cilium.rs): an in-memory client that writes into the shared cache
-//! and echoes every write back as a watch would, Services built as JSON,
-//! and a harness that drives a started Manager and checks the controller's
-//! invariants (docs/allocation.md §6) after every step.
+//! tests/cilium.rs): the replay's fake client, `fake_watcher::MemoryClient`
+//! over a `ReplayStore` (the one fake client of the workspace), which
+//! writes into the shared cache and delivers every write back as a watch
+//! would; Services built as JSON; and a harness that drives a started
+//! Manager and checks the controller's invariants (docs/allocation.md §6)
+//! after every step.
 
 // Each test binary uses a subset of this module.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dashmap::DashMap;
-use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Namespace, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use fake_watcher::{
+    Change, Delta, FailurePlan, Kind, MemoryClient, Object, ObjectRef, ReplayStore, WriteOutcome,
+};
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use manager::{
-    AllocatingController, Client, ClientError, ConditionKind, ControllerConfig, DashMapStore,
-    Event, EventType, Manager, ManagerConfig, ServiceWrite, CONDITION_TYPE, POOL_ANNOTATION,
+    AllocatingController, ConditionKind, ControllerConfig, EventType, Manager, ManagerConfig,
+    Store, CONDITION_TYPE, POOL_ANNOTATION,
 };
 use serde_json::{json, Value};
-use subscriber::{CiliumLoadBalancerIPPool, Handler, IPAddressPool};
+use subscriber::{Chain, CiliumLoadBalancerIPPool, Handler, IPAddressPool};
 use tokio_util::sync::CancellationToken;
 
-// ----- the recording client -----
+// ----- the records -----
 
 /// One thing the controller did through the client.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,7 +39,7 @@ pub(crate) enum Record {
         pool: Option<String>,
     },
     /// A write that changed only the conditions (addresses and pool
-    /// annotation as they were).
+    /// annotation as they were), or nothing.
     ConditionWrite { key: String, ingress: Vec<String> },
     /// A write the client refused (failure injection).
     FailedWrite { key: String },
@@ -48,92 +51,74 @@ pub(crate) enum Record {
     },
 }
 
-/// Applies writes (both conditions merged, as a host does) to the shared
-/// cache, echoes them to the manager as `on_update(old, new)`, records
-/// writes and events in order, and fails every `fail_every`th write attempt
-/// with a conflict.
-pub(crate) struct RecordingClient {
-    store: Arc<DashMapStore>,
-    manager: Mutex<Option<Manager<AllocatingController>>>,
-    fail_every: Option<u64>,
-    attempts: AtomicU64,
-    log: Mutex<Vec<Record>>,
-}
-
-impl RecordingClient {
-    fn record(&self, record: Record) {
-        self.log.lock().unwrap().push(record);
-    }
-}
+/// For each write the client delivered back, in order: whether it changed
+/// the addresses or the pool annotation (a [`Record::Write`]) or only the
+/// conditions. It sits on the Service chain beside the manager, which
+/// carries the client's writes only (the harness tells the manager of its
+/// own changes directly).
+#[derive(Default)]
+struct Echoes(Mutex<Vec<bool>>);
 
 #[async_trait]
-impl Client for RecordingClient {
-    async fn write_service(&self, key: &str, write: &ServiceWrite) -> Result<(), ClientError> {
-        let attempt = self.attempts.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.fail_every.is_some_and(|n| attempt.is_multiple_of(n)) {
-            self.record(Record::FailedWrite { key: key.into() });
-            return Err(ClientError::Conflict {
-                key: key.into(),
-                message: "injected conflict".into(),
-            });
-        }
-        let old = self
-            .store
-            .services
-            .get(key)
-            .map(|entry| Arc::clone(entry.value()))
-            .ok_or_else(|| ClientError::NotFound { key: key.into() })?;
-        let mut new = (*old).clone();
-        let ingress: Vec<LoadBalancerIngress> = write
-            .ingress
-            .iter()
-            .map(|ip| LoadBalancerIngress {
-                ip: Some(ip.to_string()),
-                ..Default::default()
-            })
-            .collect();
-        let status = new.status.get_or_insert_with(Default::default);
-        status.load_balancer = Some(LoadBalancerStatus {
-            ingress: (!ingress.is_empty()).then_some(ingress),
-        });
-        let mut conditions = status.conditions.take().unwrap_or_default();
-        let epoch = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-        write.merge_conditions(&mut conditions, &epoch);
-        status.conditions = (!conditions.is_empty()).then_some(conditions);
-        let annotations = new.metadata.annotations.get_or_insert_with(BTreeMap::new);
-        match &write.pool {
-            Some(pool) => annotations.insert(POOL_ANNOTATION.into(), pool.clone()),
-            None => annotations.remove(POOL_ANNOTATION),
-        };
-        self.store
-            .services
-            .insert(key.into(), Arc::new(new.clone()));
-        let key = key.to_owned();
-        let ingress = write.ingress.iter().map(IpAddr::to_string).collect();
-        if manager::status_ips(&new) == manager::status_ips(&old)
-            && manager::pool_annotation(&new) == manager::pool_annotation(&old)
-        {
-            self.record(Record::ConditionWrite { key, ingress });
-        } else {
-            let pool = write.pool.clone();
-            self.record(Record::Write { key, ingress, pool });
-        }
-        let manager = self.manager.lock().unwrap().clone();
-        if let Some(manager) = manager {
-            manager.on_update(&*old, &new).await.unwrap();
-        }
+impl Handler<Service> for Echoes {
+    async fn on_add(&self, _: &Service) -> Result<(), subscriber::Error> {
         Ok(())
     }
 
-    async fn emit_event(&self, key: &str, event: &Event) -> Result<(), ClientError> {
-        self.record(Record::Event {
-            key: key.into(),
-            event_type: event.event_type,
-            reason: event.reason.clone(),
-            message: event.message.clone(),
-        });
+    async fn on_update(&self, old: &Service, new: &Service) -> Result<(), subscriber::Error> {
+        let moved = manager::status_ips(new) != manager::status_ips(old)
+            || manager::pool_annotation(new) != manager::pool_annotation(old);
+        self.0.lock().unwrap().push(moved);
         Ok(())
     }
+
+    async fn on_delete(&self, _: &Service) -> Result<(), subscriber::Error> {
+        Ok(())
+    }
+}
+
+/// The client's writes and Events as records, in the order they were made.
+fn records(client: &MemoryClient, echoes: &Echoes) -> Vec<Record> {
+    let mut moved = echoes.0.lock().unwrap().clone().into_iter();
+    let writes: Vec<Option<Record>> = client
+        .writes()
+        .into_iter()
+        .map(|write| {
+            let key = write.key;
+            let ingress = write.ips.iter().map(IpAddr::to_string).collect();
+            match write.outcome {
+                WriteOutcome::Written if moved.next().expect("an echo per write") => {
+                    let pool = write.pool;
+                    Some(Record::Write { key, ingress, pool })
+                }
+                WriteOutcome::Written | WriteOutcome::Unchanged => {
+                    Some(Record::ConditionWrite { key, ingress })
+                }
+                WriteOutcome::Injected => Some(Record::FailedWrite { key }),
+                // A write to a Service gone is no write.
+                WriteOutcome::NotFound | WriteOutcome::Refused => None,
+            }
+        })
+        .collect();
+    let mut writes = writes.into_iter();
+    let mut done = 0;
+    let mut records = Vec::new();
+    for (before, event) in client.events_after_writes() {
+        records.extend(writes.by_ref().take(before - done).flatten());
+        done = before;
+        let event_type = match event.event_type.as_str() {
+            "Warning" => EventType::Warning,
+            _ => EventType::Normal,
+        };
+        records.push(Record::Event {
+            key: event.key,
+            event_type,
+            reason: event.reason,
+            message: event.message,
+        });
+    }
+    records.extend(writes.flatten());
+    records
 }
 
 // ----- objects -----
@@ -359,10 +344,15 @@ pub(crate) fn blocks(cidrs: &[&str]) -> Value {
 
 // ----- the harness -----
 
-/// A store, the recording client, the controller and a started manager.
+/// The replay's store and client, the controller and a started manager.
 pub(crate) struct Harness {
-    pub(crate) store: Arc<DashMapStore>,
-    client: Arc<RecordingClient>,
+    pub(crate) store: Arc<ReplayStore>,
+    /// The shared cache the manager reads (the store's objects).
+    cache: Arc<dyn Store>,
+    client: Arc<MemoryClient>,
+    echoes: Arc<Echoes>,
+    /// The chain the client delivers its writes to (it holds it weakly).
+    services: Arc<Chain<Service>>,
     pub(crate) controller: Arc<AllocatingController>,
     pub(crate) manager: Manager<AllocatingController>,
     cancel: CancellationToken,
@@ -374,11 +364,41 @@ pub(crate) struct Harness {
 impl Drop for Harness {
     fn drop(&mut self) {
         self.cancel.cancel();
-        // Break the client → manager → controller → client cycle.
-        if let Ok(mut manager) = self.client.manager.lock() {
-            manager.take();
-        }
     }
+}
+
+/// The store's reference to the Service `namespace/name`.
+fn service_ref(key: &str) -> ObjectRef {
+    let (namespace, name) = key.split_once('/').expect("namespace/name");
+    ObjectRef {
+        kind: Kind::Service,
+        name: name.to_owned(),
+        namespace: Some(namespace.to_owned()),
+    }
+}
+
+/// The store's reference to the pool or Namespace `name`.
+fn plain_ref(kind: Kind, name: &str) -> ObjectRef {
+    ObjectRef {
+        kind,
+        name: name.to_owned(),
+        namespace: None,
+    }
+}
+
+/// Tells `manager` of one store change of kind `K`, as a watch would.
+async fn deliver<K>(manager: &Manager<AllocatingController>, delta: Delta<K>)
+where
+    K: Send + Sync + 'static,
+    Manager<AllocatingController>: Handler<K>,
+{
+    match delta {
+        Delta::Added(new) => manager.on_add(&new).await,
+        Delta::Updated { old, new } => manager.on_update(&old, &new).await,
+        Delta::Deleted(old) => manager.on_delete(&old).await,
+        Delta::Unchanged => panic!("the store changed nothing"),
+    }
+    .unwrap();
 }
 
 impl Harness {
@@ -394,32 +414,37 @@ impl Harness {
     }
 
     /// A harness before sync whose client fails every `fail_every`th write
-    /// attempt (tests/controller.rs's failure tests; `None` elsewhere).
+    /// attempt with a conflict (tests/controller.rs's failure tests; `None`
+    /// elsewhere).
     pub(crate) fn with(config: ControllerConfig, fail_every: Option<u64>) -> Self {
-        let store = Arc::new(DashMapStore::default());
-        let client = Arc::new(RecordingClient {
-            store: Arc::clone(&store),
-            manager: Mutex::new(None),
-            fail_every,
-            attempts: AtomicU64::new(0),
-            log: Mutex::new(Vec::new()),
-        });
+        let store = Arc::new(ReplayStore::new());
+        let failures = fail_every.map(FailurePlan::every);
+        let client = Arc::new(MemoryClient::new(Arc::clone(&store), failures));
+        let cache = client.cache();
         let controller = Arc::new(AllocatingController::new(
-            store.clone(),
+            Arc::clone(&cache),
             client.clone(),
             config,
         ));
         let manager = Manager::new(
-            store.clone(),
+            Arc::clone(&cache),
             Arc::clone(&controller),
             ManagerConfig::default().retry_base(Duration::from_millis(1)),
         );
-        *client.manager.lock().unwrap() = Some(manager.clone());
+        let echoes = Arc::new(Echoes::default());
+        let mut services = Chain::new();
+        services.register("echoes", echoes.clone() as Arc<dyn Handler<Service>>);
+        services.register("manager", Arc::new(manager.clone()) as Arc<dyn Handler<_>>);
+        let services = Arc::new(services);
+        client.deliver_to(&services);
         let cancel = CancellationToken::new();
         drop(manager.start(cancel.clone()));
         Self {
             store,
+            cache,
             client,
+            echoes,
+            services,
             controller,
             manager,
             cancel,
@@ -474,43 +499,55 @@ impl Harness {
     }
 
     pub(crate) fn service(&self, key: &str) -> Arc<Service> {
-        self.store
-            .services
-            .get(key)
-            .map(|entry| Arc::clone(entry.value()))
-            .expect("no such service")
+        self.store.service(key).expect("no such service")
     }
 
-    /// Puts `object` in `map` under `key` and tells the manager, as a
-    /// watch would: an add, or an update if the key exists.
-    async fn upsert<K>(&self, map: &DashMap<String, Arc<K>>, key: String, object: K)
-    where
-        K: Clone + Send + Sync + 'static,
-        Manager<AllocatingController>: Handler<K>,
-    {
-        match map.insert(key, Arc::new(object.clone())) {
-            Some(old) => self.manager.on_update(&*old, &object).await,
-            None => self.manager.on_add(&object).await,
+    /// Every Service, sorted by key.
+    pub(crate) fn services(&self) -> Vec<(String, Arc<Service>)> {
+        self.store.services()
+    }
+
+    /// Every `IPAddressPool`.
+    pub(crate) fn pools(&self) -> Vec<Arc<IPAddressPool>> {
+        let pools = self.cache.pool_names().into_iter();
+        pools.filter_map(|name| self.cache.pool(&name)).collect()
+    }
+
+    /// Tells the manager of a store change, as a watch would.
+    async fn deliver(&self, change: Change) {
+        match change {
+            Change::Service(delta) => deliver(&self.manager, delta).await,
+            Change::Pool(delta) => deliver(&self.manager, delta).await,
+            Change::CiliumPool(delta) => deliver(&self.manager, delta).await,
+            Change::Namespace(delta) => deliver(&self.manager, delta).await,
+            Change::None => panic!("the store changed nothing"),
         }
-        .unwrap();
+    }
+
+    /// Puts `object` in the store, replacing the whole object if it exists,
+    /// and tells the manager.
+    async fn upsert(&self, object: Object) {
+        let change = self.store.upsert(object).unwrap();
+        self.deliver(change).await;
         self.settle().await;
     }
 
-    /// Takes `key` out of `map` and tells the manager.
-    async fn remove<K>(&self, map: &DashMap<String, Arc<K>>, key: &str)
-    where
-        K: Send + Sync + 'static,
-        Manager<AllocatingController>: Handler<K>,
-    {
-        let (_, old) = map.remove(key).unwrap_or_else(|| panic!("no {key}"));
-        self.manager.on_delete(&*old).await.unwrap();
+    /// Takes the object out of the store and tells the manager.
+    async fn remove(&self, target: ObjectRef) {
+        let change = self.store.delete(&target);
+        self.deliver(change).await;
         self.settle().await;
     }
 
-    /// Adds the Service, or updates it if the key exists.
+    /// Adds the Service, or replaces it (status included) if the key
+    /// exists.
     pub(crate) async fn add(&self, svc: Svc) {
-        self.upsert(&self.store.services, svc.key(), svc.build())
-            .await;
+        let service = Box::new(svc.build());
+        self.upsert(Object::Service {
+            service,
+            has_status: true,
+        })
+        .await;
     }
 
     /// Updates the Service as a user would: `f` edits the stored object
@@ -526,7 +563,9 @@ impl Harness {
     /// has seen the delete (the two events reach the queue back to back).
     pub(crate) async fn recreate(&self, svc: Svc) {
         let key = svc.key();
-        let (_, old) = self.store.services.remove(&key).expect("no such service");
+        let Change::Service(Delta::Deleted(old)) = self.store.delete(&service_ref(&key)) else {
+            panic!("no such service");
+        };
         self.manager.on_delete(&*old).await.unwrap();
         let mut service = svc.build();
         // A re-created object has a new uid, as the API server gives it.
@@ -534,13 +573,17 @@ impl Harness {
             "{}-recreated",
             old.metadata.uid.clone().unwrap_or_default()
         ));
-        self.store.services.insert(key, Arc::new(service.clone()));
-        self.manager.on_add(&service).await.unwrap();
+        let service = Box::new(service);
+        let change = self.store.upsert(Object::Service {
+            service,
+            has_status: true,
+        });
+        self.deliver(change.unwrap()).await;
         self.settle().await;
     }
 
     pub(crate) async fn delete(&self, key: &str) {
-        self.remove(&self.store.services, key).await;
+        self.remove(service_ref(key)).await;
     }
 
     /// Adds or updates the `IPAddressPool` `name`.
@@ -558,11 +601,11 @@ impl Harness {
             "spec": spec,
         }))
         .unwrap();
-        self.upsert(&self.store.pools, name.into(), pool).await;
+        self.upsert(Object::Pool(Box::new(pool))).await;
     }
 
     pub(crate) async fn delete_pool(&self, name: &str) {
-        self.remove(&self.store.pools, name).await;
+        self.remove(plain_ref(Kind::Pool, name)).await;
     }
 
     /// Adds or updates the `CiliumLoadBalancerIPPool` `name`.
@@ -574,12 +617,11 @@ impl Harness {
             "spec": spec,
         }))
         .unwrap();
-        self.upsert(&self.store.cilium_pools, name.into(), pool)
-            .await;
+        self.upsert(Object::CiliumPool(Box::new(pool))).await;
     }
 
     pub(crate) async fn delete_cilium_pool(&self, name: &str) {
-        self.remove(&self.store.cilium_pools, name).await;
+        self.remove(plain_ref(Kind::CiliumPool, name)).await;
     }
 
     /// Adds or updates the Namespace `name` with these labels.
@@ -591,20 +633,19 @@ impl Harness {
             "metadata": {"name": name, "labels": labels},
         }))
         .unwrap();
-        self.upsert(&self.store.namespaces, name.into(), namespace)
-            .await;
+        self.upsert(Object::Namespace(Box::new(namespace))).await;
     }
 
     /// The records since the last call.
     pub(crate) fn take(&self) -> Vec<Record> {
-        let log = self.client.log.lock().unwrap();
-        let from = self.read.swap(log.len(), Ordering::SeqCst);
-        log[from..].to_vec()
+        let mut records = self.all();
+        let from = self.read.swap(records.len(), Ordering::SeqCst);
+        records.split_off(from)
     }
 
     /// Every record so far.
     pub(crate) fn all(&self) -> Vec<Record> {
-        self.client.log.lock().unwrap().clone()
+        records(&self.client, &self.echoes)
     }
 
     /// The controller's condition as `"Status Reason: message"`, or
