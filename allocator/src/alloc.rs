@@ -148,7 +148,8 @@ pub struct PoolChange {
 /// A pool object as given.
 #[derive(Debug)]
 struct PoolObject {
-    parsed: Result<Pool, PoolError>,
+    /// Shared with the pool's state while it is accepted.
+    parsed: Result<Arc<Pool>, PoolError>,
     order: OrderKey,
 }
 
@@ -236,9 +237,11 @@ struct FamilyState {
     total: AddressCount,
     /// How many of `used` are reserved ends.
     reserved: u128,
-    /// The pool's entries of this family by first address: first → (last,
-    /// index in `spec.addresses`), to find an address's entry.
-    entries: BTreeMap<u128, (u128, u32)>,
+    /// The pool's entries of this family as (first, last, index in
+    /// `spec.addresses`), sorted by first address, to find an address's
+    /// entry. A sorted slice, not a map: it never changes, and a map node
+    /// per pool (~0.5 KB for one entry) was most of a small pool's memory.
+    entries: Box<[(u128, u128, u32)]>,
     /// Indexes of the entries with a free usable address: the first is
     /// where the lowest free address in search order lies.
     open: BTreeSet<u32>,
@@ -258,7 +261,7 @@ impl FamilyState {
             used.insert(range.first);
             used.insert(range.last);
         }
-        let mut entries = BTreeMap::new();
+        let mut entries = Vec::new();
         let mut open = BTreeSet::new();
         for (index, range) in pool.ranges.iter().enumerate() {
             let Ok(index) = u32::try_from(index) else {
@@ -267,16 +270,21 @@ impl FamilyState {
             if range.family != family {
                 continue;
             }
-            entries.insert(range.first, (range.last, index));
+            entries.push((range.first, range.last, index));
             if used.lowest_free(range.first, range.last).is_some() {
                 open.insert(index);
             }
         }
+        // Of entries with the same first address the last listed counts
+        // (as a map insert would): reversed, a stable sort puts it first.
+        entries.reverse();
+        entries.sort_by_key(|&(first, _, _)| first);
+        entries.dedup_by_key(|&mut (first, _, _)| first);
         Self {
             used,
             total: pool.total(family),
             reserved: pool.reserved(family),
-            entries,
+            entries: entries.into_boxed_slice(),
             open,
             groups: HashMap::default(),
         }
@@ -284,8 +292,11 @@ impl FamilyState {
 
     /// The search-order rank of `value`, if it lies in an entry.
     fn rank(&self, value: u128) -> Option<Rank> {
-        let (_, (last, index)) = self.entries.range(..=value).next_back()?;
-        (*last >= value).then_some((*index, value))
+        let after = self
+            .entries
+            .partition_point(|&(first, _, _)| first <= value);
+        let &(_, last, index) = self.entries.get(after.checked_sub(1)?)?;
+        (last >= value).then_some((index, value))
     }
 
     /// Whether `value` is a reserved end of its entry. O(log entries).
@@ -348,7 +359,7 @@ impl FamilyState {
 /// An accepted pool and the addresses in use in it.
 #[derive(Debug)]
 struct PoolState {
-    pool: Pool,
+    pool: Arc<Pool>,
     name: Arc<str>,
     families: [FamilyState; 2],
     /// Its place in the automatic order, if it has autoAssign.
@@ -359,7 +370,7 @@ struct PoolState {
 }
 
 impl PoolState {
-    fn new(pool: Pool) -> Self {
+    fn new(pool: Arc<Pool>) -> Self {
         let families = [
             FamilyState::new(&pool, Family::V4),
             FamilyState::new(&pool, Family::V6),
@@ -572,7 +583,9 @@ pub struct Allocator {
     next_seq: u64,
     /// Accepted pools by name: both kinds share one name space, the
     /// older object of a name taking it.
-    pools: BTreeMap<Arc<str>, PoolState>,
+    /// Boxed: a map node holds 11 values, and a state by value made each
+    /// node (half empty after splits) ~5 KB.
+    pools: BTreeMap<Arc<str>, Box<PoolState>>,
     /// Rejected pools by name and kind.
     rejected: BTreeMap<(String, PoolKind), Rejection>,
     /// How many rejected pools each accepted pool blocks.
@@ -665,6 +678,7 @@ impl Allocator {
         parsed: Result<Pool, PoolError>,
         created: Option<i128>,
     ) -> PoolChange {
+        let parsed = parsed.map(Arc::new);
         let objects = self.objects_mut(kind);
         let order = match objects.get(name) {
             Some(old) => {
@@ -834,7 +848,7 @@ impl Allocator {
                     Some(old) if old.pool == pool => old,
                     other => {
                         moving.extend(other);
-                        PoolState::new(pool)
+                        Box::new(PoolState::new(pool))
                     }
                 };
                 self.insert_state(state);
@@ -856,7 +870,7 @@ impl Allocator {
 
     /// Takes the accepted pool `name` out of every index; its holdings stay
     /// in `services` and `addresses` until [`Allocator::rehome`].
-    fn remove_state(&mut self, name: &str) -> Option<PoolState> {
+    fn remove_state(&mut self, name: &str) -> Option<Box<PoolState>> {
         let state = self.pools.remove(name)?;
         for range in &state.pool.ranges {
             self.index.remove(&(range.family, range.first));
@@ -886,7 +900,7 @@ impl Allocator {
     }
 
     /// Puts an accepted pool's state in every index.
-    fn insert_state(&mut self, state: PoolState) {
+    fn insert_state(&mut self, state: Box<PoolState>) {
         for range in &state.pool.ranges {
             self.index.insert(
                 (range.family, range.first),
@@ -999,7 +1013,7 @@ impl Allocator {
 
     /// The accepted pool `name`, of either kind (one name space).
     pub fn pool(&self, name: &str) -> Option<&Pool> {
-        self.pools.get(name).map(|state| &state.pool)
+        self.pools.get(name).map(|state| &*state.pool)
     }
 
     /// Recomputes acceptance of every pool in creation order (each against
@@ -1047,7 +1061,7 @@ impl Allocator {
                 }
                 other => {
                     moving.extend(other);
-                    PoolState::new(pool)
+                    Box::new(PoolState::new(pool))
                 }
             };
             self.insert_state(state);
@@ -1085,7 +1099,7 @@ impl Allocator {
     /// Places again the holdings of the pools `gone` (no longer in any
     /// index): in the accepted pool that now contains their addresses, or
     /// nowhere (released). Costs the number of those holdings.
-    fn rehome(&mut self, gone: &[PoolState]) -> Vec<Released> {
+    fn rehome(&mut self, gone: &[Box<PoolState>]) -> Vec<Released> {
         let mut keys: BTreeSet<Arc<str>> = BTreeSet::new();
         for state in gone {
             for (family, value) in state.used_values() {
@@ -2487,7 +2501,7 @@ impl Allocator {
 /// are in `pools`), as the rejection it causes, in O(entries × log(ranges)).
 fn overlap_in_index(
     index: &BTreeMap<(Family, u128), (u128, Arc<str>)>,
-    pools: &BTreeMap<Arc<str>, PoolState>,
+    pools: &BTreeMap<Arc<str>, Box<PoolState>>,
     pool: &Pool,
 ) -> Option<Rejection> {
     for range in &pool.ranges {

@@ -123,13 +123,14 @@ impl Allocator {
                 .into_iter()
                 .flat_map(|(first, second)| [Some(first), second])
                 .flatten()
-                .filter_map(|name| self.pools.get(&name))
+                .filter_map(|name| self.pools.get(&name).map(|state| &**state))
                 .collect(),
             // `metallb.io/address-pool` names IPAddressPools only.
             Step::RequestedPool => request
                 .pool
                 .and_then(|name| self.pools.get(name))
                 .filter(|state| state.pool.kind == crate::pool::PoolKind::IPAddressPool)
+                .map(|state| &**state)
                 .into_iter()
                 .collect(),
             Step::PoolOrder => self.in_pool_order(),
@@ -159,7 +160,7 @@ impl Allocator {
     /// Every accepted pool in the §4.4 step 4 order; a pool without
     /// autoAssign where that order would put it.
     fn in_pool_order(&self) -> Vec<&PoolState> {
-        let mut states: Vec<&PoolState> = self.pools.values().collect();
+        let mut states: Vec<&PoolState> = self.pools.values().map(|state| &**state).collect();
         states.sort_by_cached_key(|state| {
             state.auto.clone().unwrap_or_else(|| {
                 let pool = &state.pool;
