@@ -95,6 +95,8 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = if args.first().map(String::as_str) == Some("--child-restart") {
         child_restart(args.get(1..).unwrap_or_default()).map(|()| true)
+    } else if args.first().map(String::as_str) == Some("--dump-stream") {
+        dump_stream(args.get(1..).unwrap_or_default()).map(|()| true)
     } else if args.first().map(String::as_str) == Some("--child-replay") {
         child_replay(args.get(1..).unwrap_or_default()).map(|()| true)
     } else {
@@ -1506,7 +1508,7 @@ fn memory_scenario(report: &mut Report, n: usize) -> Result<()> {
 const GROWTH_TARGET: f64 = 12.0;
 /// Runs of one shape at one size, at most (the least CPU time counts):
 /// more with `--quick`, whose runs are short and noisier.
-const GROWTH_RUNS: usize = 3;
+const GROWTH_RUNS: usize = 5;
 const GROWTH_RUNS_QUICK: usize = 5;
 /// A shape whose run takes longer than this many CPU seconds runs once.
 const GROWTH_REPEAT_BELOW: f64 = 20.0;
@@ -2251,6 +2253,20 @@ impl fake_watcher::Observer for HeapAtLine {
 
 /// The child of the growth table: replays the stream at PATH as
 /// `fake-watcher replay --output json` does and prints `key=value` fields.
+/// `--dump-stream SHAPE N PATH` (hidden): writes the growth stream of
+/// SHAPE at N to PATH, to replay or profile it by hand.
+fn dump_stream(args: &[String]) -> Result<()> {
+    let [name, n, path] = args else {
+        return Err("usage: --dump-stream SHAPE N PATH".into());
+    };
+    let shape = GROWTH_SHAPES
+        .iter()
+        .find(|shape| shape.name == name)
+        .ok_or_else(|| format!("no growth shape {name}"))?;
+    std::fs::write(path, (shape.stream)(n.parse()?)?)?;
+    Ok(())
+}
+
 fn child_replay(args: &[String]) -> Result<()> {
     let [path] = args else {
         return Err("usage: --child-replay PATH".into());
