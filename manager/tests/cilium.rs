@@ -58,20 +58,6 @@ mod annotations {
     }
 
     #[tokio::test]
-    async fn an_empty_name_hides_the_alias() {
-        let h = Harness::synced().await;
-        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
-        h.add(
-            svc("ns/a")
-                .cilium_ips("")
-                .ann("io.cilium/lb-ipam-ips", "10.0.10.50"),
-        )
-        .await;
-        // No address requested: the lowest free one.
-        assert_eq!(h.ips("ns/a"), "10.0.10.0");
-    }
-
-    #[tokio::test]
     async fn unreadable_parts_are_skipped_with_a_warning() {
         let h = Harness::synced().await;
         h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
@@ -170,27 +156,6 @@ mod precedence {
 
 mod cross_namespace {
     use super::*;
-
-    /// cilium/cilium lbipam_test.go TestSharingCrossNamespace.
-    #[tokio::test]
-    async fn cilium_keys_share_when_both_allow_the_other() {
-        let h = Harness::synced().await;
-        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
-        h.add(svc("ns-a/s").cilium_key("k").cross("ns-b").port(80))
-            .await;
-        h.add(svc("ns-b/s").cilium_key("k").cross("*").port(81))
-            .await;
-        h.add(svc("ns-c/s").cilium_key("k").port(82)).await;
-        assert_eq!(h.ips("ns-a/s"), "10.0.10.0");
-        assert_eq!(h.ips("ns-b/s"), "10.0.10.0");
-        assert_eq!(h.ips("ns-c/s"), "10.0.10.1");
-        // Entries are trimmed (Cilium v1.21).
-        h.add(svc("ns-d/s").cilium_key("k").cross(" ns-e , x").port(83))
-            .await;
-        h.add(svc("ns-e/s").cilium_key("k").cross("ns-d").port(84))
-            .await;
-        assert_eq!(h.ips("ns-e/s"), h.ips("ns-d/s"));
-    }
 
     #[tokio::test]
     async fn metallb_keys_share_across_namespaces_by_default() {
@@ -329,58 +294,6 @@ mod condition {
         assert_eq!(shown.observed_generation, Some(1));
         // Not a write of its own: the settled Service waits for one.
         assert_eq!(h.cilium("ns/before"), "none");
-    }
-
-    #[tokio::test]
-    async fn no_pool_for_a_family_and_for_an_address() {
-        let h = Harness::synced().await;
-        h.cilium_pool(
-            "c",
-            json!({"blocks": [{"cidr": "10.0.10.0/24"}],
-                   "serviceSelector": {"matchLabels": {"color": "red"}}}),
-        )
-        .await;
-        h.add(svc("ns/a")).await;
-        assert_eq!(h.cilium("ns/a"), NO_POOL);
-        h.add(svc("ns/b").cilium_ips("10.9.9.9")).await;
-        assert_eq!(
-            h.cilium("ns/b"),
-            "False no_pool: No pool exists with a CIDR containing '10.9.9.9'"
-        );
-    }
-
-    /// cilium/cilium lbipam_test.go TestRequestIPWithMismatchedLabel.
-    #[tokio::test]
-    async fn pool_selector_mismatch() {
-        let h = Harness::synced().await;
-        h.cilium_pool(
-            "c",
-            json!({"blocks": [{"cidr": "10.0.10.0/24"}],
-                   "serviceSelector": {"matchLabels": {"color": "blue"}}}),
-        )
-        .await;
-        h.add(svc("ns/a").label("color", "red").cilium_ips("10.0.10.123"))
-            .await;
-        assert_eq!(
-            h.cilium("ns/a"),
-            "False pool_selector_mismatch: The pool with the CIDR containing '10.0.10.123', \
-             doesn't select this service"
-        );
-    }
-
-    /// cilium/cilium lbipam_test.go TestRequestIPs (a held address requested
-    /// without a key).
-    #[tokio::test]
-    async fn already_allocated() {
-        let h = Harness::synced().await;
-        h.cilium_pool("c", blocks(&["10.0.10.0/24"])).await;
-        h.add(svc("ns/a").cilium_ips("10.0.10.5")).await;
-        h.add(svc("ns/b").cilium_ips("10.0.10.5")).await;
-        assert_eq!(h.cilium("ns/a"), SATISFIED);
-        assert_eq!(
-            h.cilium("ns/b"),
-            "False already_allocated: The IP '10.0.10.5' is already allocated to another service"
-        );
     }
 
     #[tokio::test]
@@ -593,25 +506,6 @@ mod mixed_order {
         );
         h.add(svc("ns/b")).await;
         assert_eq!(h.cilium("ns/b"), NO_POOL);
-    }
-
-    /// cilium/cilium lbipam_test.go TestUpdateAllowFirstAndLastIPs: a
-    /// reserved end is `already_allocated`.
-    #[tokio::test]
-    async fn requested_reserved_end() {
-        let h = Harness::synced().await;
-        h.cilium_pool(
-            "c",
-            json!({"blocks": [{"cidr": "10.0.10.16/30"}], "allowFirstLastIPs": "No"}),
-        )
-        .await;
-        h.add(svc("ns/a").cilium_ips("10.0.10.16")).await;
-        assert_eq!(
-            h.cilium("ns/a"),
-            "False already_allocated: The IP '10.0.10.16' is already allocated to another service"
-        );
-        h.add(svc("ns/b")).await;
-        assert_eq!(h.ips("ns/b"), "10.0.10.17");
     }
 }
 

@@ -75,49 +75,6 @@ mod s4_1_which_services {
         assert_eq!(h.waiting(), ["ns/a"]);
     }
 
-    #[tokio::test]
-    async fn changing_the_class_releases_like_a_type_change() {
-        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.3"]))]).await;
-        h.add(svc("ns/a")).await;
-        h.take();
-        h.edit("ns/a", |s| s.class("other")).await;
-        assert_eq!(log(&h.take()), ["ns/a <-  @-"]);
-        assert!(h.controller.holdings().is_empty());
-        assert_eq!(h.status("ns/a"), "none");
-    }
-
-    #[tokio::test]
-    async fn a_host_with_a_class_handles_exactly_that_class() {
-        let h = Harness::with(ControllerConfig::default().lb_class("x"), None);
-        h.pool("a", addrs(&["10.0.0.1-10.0.0.3"])).await;
-        h.sync().await;
-        h.add(svc("ns/none")).await;
-        h.add(svc("ns/y").class("y")).await;
-        assert!(h.take().is_empty());
-        h.add(svc("ns/x").class("x")).await;
-        assert_eq!(
-            log(&h.take()),
-            ["ns/x <- 10.0.0.1 @a", "ns/x Normal IPAllocated"]
-        );
-        // x → y: released and cleared, no event.
-        h.edit("ns/x", |s| s.class("y")).await;
-        assert_eq!(log(&h.take()), ["ns/x <-  @-"]);
-        assert!(h.controller.holdings().is_empty());
-        // none → x: now ours.
-        h.edit("ns/none", |s| s.class("x")).await;
-        assert_eq!(h.status("ns/none"), "10.0.0.1 @a");
-    }
-
-    #[tokio::test]
-    async fn a_host_without_a_class_handles_only_services_without_one() {
-        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.3"]))]).await;
-        h.add(svc("ns/x").class("x")).await;
-        assert!(h.take().is_empty());
-        h.add(svc("ns/plain")).await;
-        assert_eq!(h.status("ns/plain"), "10.0.0.1 @a");
-        assert_eq!(h.status("ns/x"), "none");
-    }
-
     // Two hosts with different classes share the annotation name: a host
     // must not clear the status the other class's host wrote (§4.1).
     #[tokio::test]
@@ -159,40 +116,6 @@ mod s4_2_requests {
     }
 
     #[tokio::test]
-    async fn load_balancer_ips_annotation_is_taken_exactly() {
-        let h = two_pools().await;
-        h.add(svc("ns/a").request(" 10.0.0.3 ")).await;
-        assert_eq!(h.status("ns/a"), "10.0.0.3 @a");
-        assert_eq!(events(&h.take()), ["ns/a Normal IPAllocated"]);
-    }
-
-    #[tokio::test]
-    async fn the_old_prefix_is_accepted_with_a_deprecation_warning() {
-        let h = two_pools().await;
-        h.add(svc("ns/a").ann("metallb.universe.tf/loadBalancerIPs", "10.0.0.3"))
-            .await;
-        assert_eq!(h.status("ns/a"), "10.0.0.3 @a");
-        assert_eq!(
-            messages(&h.take()),
-            [
-                "ns/a IPAllocated: Assigned IP [\"10.0.0.3\"]",
-                "ns/a DeprecatedAnnotation: annotation \"metallb.universe.tf/loadBalancerIPs\" \
-                 is deprecated, use \"metallb.io/loadBalancerIPs\""
-            ]
-        );
-        h.add(svc("ns/p").ann("metallb.universe.tf/address-pool", "b"))
-            .await;
-        assert_eq!(h.status("ns/p"), "10.0.1.1 @b");
-        assert_eq!(
-            events(&h.take()),
-            [
-                "ns/p Normal IPAllocated",
-                "ns/p Warning DeprecatedAnnotation"
-            ]
-        );
-    }
-
-    #[tokio::test]
     async fn the_new_prefix_wins_and_an_overridden_old_one_is_not_reported() {
         let h = two_pools().await;
         h.add(
@@ -205,66 +128,6 @@ mod s4_2_requests {
         .await;
         assert_eq!(h.status("ns/a"), "10.0.0.2 @a");
         assert_eq!(events(&h.take()), ["ns/a Normal IPAllocated"]);
-    }
-
-    #[tokio::test]
-    async fn deprecated_annotation_is_announced_once_per_write_and_only_on_writes() {
-        let h = two_pools().await;
-        h.add(svc("ns/a").ann("metallb.universe.tf/allow-shared-ip", "k"))
-            .await;
-        assert_eq!(
-            log(&h.take()),
-            [
-                "ns/a <- 10.0.0.1 @a",
-                "ns/a Normal IPAllocated",
-                "ns/a Warning DeprecatedAnnotation"
-            ]
-        );
-        // No write, no deprecation event.
-        h.edit("ns/a", |s| s.label("x", "y")).await;
-        h.edit("ns/a", |s| s.ports(&[("TCP", 81)])).await;
-        assert!(h.take().is_empty());
-        // The next write announces it again, once.
-        h.edit("ns/a", |s| s.request("10.0.0.4")).await;
-        assert_eq!(
-            log(&h.take()),
-            [
-                "ns/a <- 10.0.0.4 @a",
-                "ns/a Normal ClearAssignment",
-                "ns/a Normal IPAllocated",
-                "ns/a Warning DeprecatedAnnotation"
-            ]
-        );
-    }
-
-    // §4.2: one DeprecatedAnnotation event per write, however many
-    // old-prefix annotations are in effect.
-    #[tokio::test]
-    async fn two_old_prefix_annotations_give_one_deprecation_event_per_write() {
-        let h = two_pools().await;
-        h.add(
-            svc("ns/a")
-                .ann("metallb.universe.tf/allow-shared-ip", "k")
-                .ann("metallb.universe.tf/address-pool", "a"),
-        )
-        .await;
-        assert_eq!(
-            events(&h.take()),
-            [
-                "ns/a Normal IPAllocated",
-                "ns/a Warning DeprecatedAnnotation"
-            ]
-        );
-    }
-
-    #[tokio::test]
-    async fn spec_load_balancer_ip_is_a_request() {
-        let h = two_pools().await;
-        h.add(svc("ns/a").lb_ip("10.0.0.5")).await;
-        assert_eq!(h.status("ns/a"), "10.0.0.5 @a");
-        // In a pool without autoAssign too (§4.4 step 2).
-        h.add(svc("ns/b").lb_ip("10.0.1.2")).await;
-        assert_eq!(h.status("ns/b"), "10.0.1.2 @b");
     }
 
     #[tokio::test]
@@ -481,36 +344,6 @@ mod s4_3_families {
     }
 
     #[tokio::test]
-    async fn require_dual_stack_takes_both_families_from_one_pool_ipv4_first() {
-        let h = Harness::with_pools(&[
-            ("a", addrs(&["10.0.0.1-10.0.0.2"])),
-            ("b", addrs(&["fd00::1", "10.0.1.1-10.0.1.2"])),
-        ])
-        .await;
-        h.add(svc("ns/d1").dual("RequireDualStack", true)).await;
-        assert_eq!(h.status("ns/d1"), "10.0.1.1 fd00::1 @b");
-        assert_eq!(
-            messages(&h.take()),
-            ["ns/d1 IPAllocated: Assigned IP [\"10.0.1.1\" \"fd00::1\"]"]
-        );
-        // No pool has both free: `a` has IPv4 only, `b` no IPv6 left.
-        h.add(svc("ns/d2").dual("RequireDualStack", false)).await;
-        assert_eq!(
-            messages(&h.take()),
-            [
-                "ns/d2 AllocationFailed: Failed to allocate IP for \"ns/d2\": no available IPs: \
-                 no pool has both an IPv4 and an IPv6 address free (tried a, b)"
-            ]
-        );
-        assert_eq!(h.status("ns/d2"), "none");
-        h.add(svc("ns/s")).await;
-        assert_eq!(h.status("ns/s"), "10.0.0.1 @a");
-        // The IPv6 frees: the waiting dual-stack Service gets both.
-        h.delete("ns/d1").await;
-        assert_eq!(h.status("ns/d2"), "10.0.1.1 fd00::1 @b");
-    }
-
-    #[tokio::test]
     async fn prefer_dual_stack_falls_back_to_one_family_then_completes() {
         let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.2", "fd00::1"]))]).await;
         h.add(svc("ns/t").v6()).await;
@@ -609,30 +442,6 @@ mod s4_4_choosing {
     use super::*;
 
     #[tokio::test]
-    async fn a_status_address_is_kept_at_restart_even_if_not_the_lowest() {
-        let h = Harness::new();
-        h.pool("a", addrs(&["10.0.0.1-10.0.0.5"])).await;
-        h.add(svc("ns/held").held(&["10.0.0.4"], "a")).await;
-        // Status written by someone without the annotation: kept, annotated.
-        h.add(svc("ns/bare").status(&["10.0.0.5"])).await;
-        h.add(svc("ns/new")).await;
-        h.sync().await;
-        assert_eq!(h.status("ns/held"), "10.0.0.4 @a");
-        assert_eq!(h.status("ns/bare"), "10.0.0.5 @a");
-        assert_eq!(h.status("ns/new"), "10.0.0.1 @a");
-        assert_eq!(
-            log(&h.take()),
-            // Kept Services are reconciled after those left without
-            // addresses (§4.5), so the annotation-only write comes last.
-            [
-                "ns/new <- 10.0.0.1 @a",
-                "ns/new Normal IPAllocated",
-                "ns/bare <- 10.0.0.5 @a"
-            ]
-        );
-    }
-
-    #[tokio::test]
     async fn a_status_address_in_a_pool_without_auto_assign_is_kept() {
         let h = Harness::new();
         h.pool(
@@ -675,96 +484,6 @@ mod s4_4_choosing {
             messages(&records)[0],
             "ns/a ClearAssignment: current IP [\"10.0.0.1\"] not allowed by config, clearing: \
              pool \"p\" does not serve this service"
-        );
-    }
-
-    #[tokio::test]
-    async fn clear_assignment_when_the_pool_addresses_change() {
-        let h = Harness::with_pools(&[("p", addrs(&["10.0.0.1-10.0.0.3"]))]).await;
-        h.add(svc("ns/a")).await;
-        h.add(svc("ns/b")).await;
-        h.take();
-        // 10.0.0.2 stays; 10.0.0.1 goes.
-        h.pool("p", addrs(&["10.0.0.2-10.0.0.4"])).await;
-        assert_eq!(h.status("ns/a"), "10.0.0.3 @p");
-        assert_eq!(h.status("ns/b"), "10.0.0.2 @p");
-        let records = h.take();
-        assert_eq!(
-            events(&records),
-            ["ns/a Normal ClearAssignment", "ns/a Normal IPAllocated"]
-        );
-        assert!(messages(&records)[0].ends_with("10.0.0.1 is not in any pool"));
-    }
-
-    #[tokio::test]
-    async fn clear_assignment_when_the_requested_pool_or_addresses_change() {
-        let h = Harness::with_pools(&[
-            ("a", addrs(&["10.0.0.1-10.0.0.3"])),
-            (
-                "b",
-                json!({"addresses": ["10.0.1.1-10.0.1.3"], "autoAssign": false}),
-            ),
-        ])
-        .await;
-        h.add(svc("ns/s")).await;
-        h.take();
-        h.edit("ns/s", |s| s.in_pool("b")).await;
-        assert_eq!(h.status("ns/s"), "10.0.1.1 @b");
-        let records = h.take();
-        assert_eq!(
-            events(&records),
-            ["ns/s Normal ClearAssignment", "ns/s Normal IPAllocated"]
-        );
-        assert!(messages(&records)[0]
-            .contains("10.0.0.1 is in pool \"a\", not in the requested pool \"b\""));
-        h.edit("ns/s", |s| s.request("10.0.1.3")).await;
-        assert_eq!(h.status("ns/s"), "10.0.1.3 @b");
-        let records = h.take();
-        assert_eq!(
-            events(&records),
-            ["ns/s Normal ClearAssignment", "ns/s Normal IPAllocated"]
-        );
-        assert!(messages(&records)[0].contains("are not the requested [10.0.1.3]"));
-        // Dropping the request: what it holds is still allowed, so it stays.
-        h.edit("ns/s", |s| s.no_ann("metallb.io/loadBalancerIPs"))
-            .await;
-        assert!(h.take().is_empty());
-        assert_eq!(h.status("ns/s"), "10.0.1.3 @b");
-    }
-
-    #[tokio::test]
-    async fn requested_addresses_are_taken_exactly_or_fail() {
-        let h = Harness::with_pools(&[
-            ("a", addrs(&["10.0.0.1-10.0.0.3"])),
-            ("b", json!({"addresses": ["10.0.1.1"], "autoAssign": false})),
-        ])
-        .await;
-        h.add(svc("ns/a").request("10.0.0.2")).await;
-        h.add(svc("ns/b").request("10.0.0.2")).await;
-        h.add(svc("ns/c").request("192.168.0.1")).await;
-        h.add(svc("ns/d").request("10.0.1.1")).await;
-        h.add(svc("ns/e").request("10.0.0.3").in_pool("b")).await;
-        h.add(svc("ns/f")).await;
-        assert_eq!(h.status("ns/a"), "10.0.0.2 @a");
-        assert_eq!(h.status("ns/b"), "none");
-        assert_eq!(h.status("ns/c"), "none");
-        assert_eq!(h.status("ns/d"), "10.0.1.1 @b");
-        assert_eq!(h.status("ns/e"), "none");
-        assert_eq!(h.status("ns/f"), "10.0.0.1 @a");
-        let failed: Vec<String> = messages(&h.take())
-            .into_iter()
-            .filter(|m| m.contains("AllocationFailed"))
-            .collect();
-        assert_eq!(
-            failed,
-            [
-                "ns/b AllocationFailed: Failed to allocate IP for \"ns/b\": \
-                 10.0.0.2 cannot be used: it is in use by ns/a",
-                "ns/c AllocationFailed: Failed to allocate IP for \"ns/c\": \
-                 192.168.0.1 is not in any pool",
-                "ns/e AllocationFailed: Failed to allocate IP for \"ns/e\": \
-                 10.0.0.3 is in pool \"a\", not in the requested pool \"b\""
-            ]
         );
     }
 
@@ -832,49 +551,6 @@ mod s4_4_choosing {
     }
 
     #[tokio::test]
-    async fn a_higher_priority_pinned_pool_is_preferred_over_the_lowest_address() {
-        let h = Harness::with_pools(&[
-            ("a", addrs(&["10.0.0.1-10.0.0.3"])),
-            (
-                "z",
-                json!({
-                    "addresses": ["10.0.9.1-10.0.9.3"],
-                    "serviceAllocation": {"priority": 5, "serviceSelectors": [{"matchLabels": {"app": "web"}}]},
-                }),
-            ),
-        ])
-        .await;
-        h.add(svc("ns/web").label("app", "web")).await;
-        h.add(svc("ns/db").label("app", "db")).await;
-        assert_eq!(h.status("ns/web"), "10.0.9.1 @z");
-        assert_eq!(h.status("ns/db"), "10.0.0.1 @a");
-    }
-
-    #[tokio::test]
-    async fn addresses_are_tried_in_spec_order_each_entry_from_its_lowest() {
-        let h = Harness::with_pools(&[(
-            "a",
-            addrs(&["10.0.0.10-10.0.0.11", "10.0.0.1/32", "10.0.0.5 - 10.0.0.6"]),
-        )])
-        .await;
-        for i in 1..=6 {
-            h.add(svc(&format!("ns/s{i}"))).await;
-        }
-        let got: Vec<String> = (1..=6).map(|i| h.status(&format!("ns/s{i}"))).collect();
-        assert_eq!(
-            got,
-            [
-                "10.0.0.10 @a",
-                "10.0.0.11 @a",
-                "10.0.0.1 @a",
-                "10.0.0.5 @a",
-                "10.0.0.6 @a",
-                "none"
-            ]
-        );
-    }
-
-    #[tokio::test]
     async fn sharing_services_stack_on_the_lowest_address_where_their_ports_fit() {
         let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.6"]))]).await;
         h.add(svc("ns/a").shared("k").ports(&[("TCP", 80)])).await;
@@ -923,25 +599,6 @@ mod s4_4_choosing {
     }
 
     #[tokio::test]
-    async fn local_services_share_only_with_the_same_selector() {
-        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.6"]))]).await;
-        h.add(svc("ns/a").shared("k").local("x").ports(&[("TCP", 80)]))
-            .await;
-        h.add(svc("ns/b").shared("k").local("y").ports(&[("TCP", 443)]))
-            .await;
-        h.add(svc("ns/c").shared("k").local("x").ports(&[("TCP", 443)]))
-            .await;
-        h.add(svc("ns/d").shared("k").ports(&[("TCP", 8080)])).await;
-        assert_eq!(h.status("ns/a"), "10.0.0.1 @a");
-        assert_eq!(h.status("ns/b"), "10.0.0.2 @a");
-        assert_eq!(h.status("ns/c"), "10.0.0.1 @a");
-        assert_eq!(h.status("ns/d"), "10.0.0.3 @a");
-        // A Cluster Service with a selector shares with other Cluster ones.
-        h.add(svc("ns/e").shared("k").ports(&[("TCP", 9090)])).await;
-        assert_eq!(h.status("ns/e"), "10.0.0.3 @a");
-    }
-
-    #[tokio::test]
     async fn avoid_buggy_ips_skips_and_releases_dot_zero_and_dot_255() {
         let h = Harness::with_pools(&[("p", addrs(&["10.0.0.255-10.0.1.1"]))]).await;
         h.add(svc("ns/a")).await;
@@ -973,19 +630,6 @@ mod s4_4_choosing {
         // Nor can they be requested.
         h.add(svc("ns/c").request("10.0.1.0")).await;
         assert_eq!(h.status("ns/c"), "none");
-    }
-
-    #[tokio::test]
-    async fn the_lowest_fitting_address_is_given_and_reused() {
-        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1-10.0.0.4"]))]).await;
-        for key in ["ns/a", "ns/b", "ns/c"] {
-            h.add(svc(key)).await;
-        }
-        h.delete("ns/b").await;
-        h.add(svc("ns/d")).await;
-        assert_eq!(h.status("ns/d"), "10.0.0.2 @a");
-        h.add(svc("ns/e")).await;
-        assert_eq!(h.status("ns/e"), "10.0.0.4 @a");
     }
 }
 
@@ -1116,30 +760,6 @@ mod s4_5_sync {
     }
 
     #[tokio::test]
-    async fn services_that_may_share_an_address_both_keep_it_at_restart() {
-        let h = Harness::new();
-        h.pool("a", addrs(&["10.0.0.1-10.0.0.5"])).await;
-        let shared = |key: &str, port: i32| {
-            svc(key)
-                .shared("k")
-                .ports(&[("TCP", port)])
-                .held(&["10.0.0.1"], "a")
-        };
-        h.add(shared("ns/x", 80)).await;
-        h.add(shared("ns/y", 443)).await;
-        h.add(shared("ns/z", 80)).await;
-        h.sync().await;
-        assert_eq!(h.status("ns/x"), "10.0.0.1 @a");
-        assert_eq!(h.status("ns/y"), "10.0.0.1 @a");
-        // `z` has a port in common with the first seen: it moves.
-        assert_eq!(h.status("ns/z"), "10.0.0.2 @a");
-        assert_eq!(
-            events(&h.take()),
-            ["ns/z Normal ClearAssignment", "ns/z Normal IPAllocated"]
-        );
-    }
-
-    #[tokio::test]
     async fn services_without_addresses_get_them_in_first_seen_order_and_recreated_is_new() {
         let h = Harness::new();
         h.pool("a", addrs(&["10.0.0.1-10.0.0.5"])).await;
@@ -1197,29 +817,6 @@ mod s4_5_sync {
         assert_eq!(h.status("ns/m"), "10.0.0.2 @a");
         assert_eq!(h.waiting(), ["ns/n"]);
     }
-
-    #[tokio::test]
-    async fn an_invalid_status_address_is_released_at_restart() {
-        let h = Harness::new();
-        h.pool("a", addrs(&["10.0.0.1-10.0.0.5"])).await;
-        h.add(svc("ns/out").held(&["192.168.0.1"], "old")).await;
-        h.add(svc("ns/junk").held(&["not-an-ip"], "a")).await;
-        h.add(svc("ns/keep").held(&["10.0.0.1"], "a")).await;
-        h.sync().await;
-        assert_eq!(h.status("ns/keep"), "10.0.0.1 @a");
-        assert_eq!(h.status("ns/out"), "10.0.0.2 @a");
-        assert_eq!(h.status("ns/junk"), "10.0.0.3 @a");
-        assert_eq!(
-            events(&h.take()),
-            // The restore pass announces every ClearAssignment first (§4.5, §4.6).
-            [
-                "ns/out Normal ClearAssignment",
-                "ns/junk Normal ClearAssignment",
-                "ns/out Normal IPAllocated",
-                "ns/junk Normal IPAllocated"
-            ]
-        );
-    }
 }
 
 // ----- docs/allocation.md §4.6: when things change -----
@@ -1231,41 +828,6 @@ mod s4_6_changes {
         let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1"]))]).await;
         h.add(svc("ns/holder")).await;
         h
-    }
-
-    #[tokio::test]
-    async fn a_delete_wakes_the_waiting_longest_waiting_first_not_first_seen() {
-        let h = one_address_held().await;
-        // `b` is seen first, with an invalid request: not waiting.
-        h.add(svc("ns/b").request("bogus")).await;
-        h.add(svc("ns/c")).await;
-        h.edit("ns/b", |s| s.no_ann("metallb.io/loadBalancerIPs"))
-            .await;
-        assert_eq!(h.waiting(), ["ns/c", "ns/b"]);
-        h.take();
-        h.delete("ns/holder").await;
-        assert_eq!(h.status("ns/c"), "10.0.0.1 @a");
-        assert_eq!(h.status("ns/b"), "none");
-        assert_eq!(h.waiting(), ["ns/b"]);
-        // `b` failed again: the same warning is not repeated.
-        assert_eq!(
-            log(&h.take()),
-            ["ns/c <- 10.0.0.1 @a", "ns/c Normal IPAllocated"]
-        );
-    }
-
-    #[tokio::test]
-    async fn failing_again_does_not_reset_the_wait() {
-        let h = one_address_held().await;
-        h.add(svc("ns/z")).await;
-        h.add(svc("ns/a")).await;
-        assert_eq!(h.waiting(), ["ns/z", "ns/a"]);
-        h.edit("ns/z", |s| s.label("x", "y")).await;
-        h.edit("ns/z", |s| s.ports(&[("TCP", 8080)])).await;
-        assert_eq!(h.waiting(), ["ns/z", "ns/a"]);
-        h.delete("ns/holder").await;
-        assert_eq!(h.status("ns/z"), "10.0.0.1 @a");
-        assert_eq!(h.status("ns/a"), "none");
     }
 
     // §4.5/§4.6: a Service deleted and re-created before the worker sees the
@@ -1395,27 +957,6 @@ mod s4_6_changes {
             events(&h.take()),
             ["ns/a Normal ClearAssignment", "ns/a Normal IPAllocated"]
         );
-    }
-
-    #[tokio::test]
-    async fn a_pool_add_or_change_reconsiders_every_service() {
-        let h = Harness::new();
-        h.sync().await;
-        h.add(svc("ns/w")).await;
-        assert_eq!(
-            messages(&h.take()),
-            [
-                "ns/w AllocationFailed: Failed to allocate IP for \"ns/w\": \
-                 no pool with autoAssign serves this service"
-            ]
-        );
-        h.pool("a", addrs(&["10.0.0.1"])).await;
-        assert_eq!(h.status("ns/w"), "10.0.0.1 @a");
-        h.add(svc("ns/x")).await;
-        assert_eq!(h.status("ns/x"), "none");
-        h.pool("a", addrs(&["10.0.0.1-10.0.0.2"])).await;
-        assert_eq!(h.status("ns/x"), "10.0.0.2 @a");
-        assert!(h.waiting().is_empty());
     }
 
     #[tokio::test]
