@@ -275,11 +275,9 @@ impl FamilyState {
                 open.insert(index);
             }
         }
-        // Of entries with the same first address the last listed counts
-        // (as a map insert would): reversed, a stable sort puts it first.
-        entries.reverse();
-        entries.sort_by_key(|&(first, _, _)| first);
-        entries.dedup_by_key(|&mut (first, _, _)| first);
+        // Distinct first addresses: the entries of a parsed pool never
+        // overlap (`Pool::parse` and `Pool::parse_cilium` reject that).
+        entries.sort_unstable_by_key(|&(first, _, _)| first);
         Self {
             used,
             total: pool.total(family),
