@@ -37,7 +37,7 @@ pub use pool_types::cilium;
 /// The `IPAddressPool` spec types, which live in `pool_types::metallb`.
 pub use pool_types::metallb as spec;
 
-pub use addr::Family;
+pub use addr::{push_ip, Family};
 pub use alloc::{
     Allocator, CiliumCounts, Explanation, FamilyStats, Holding, PoolChange, PoolStats, PoolVerdict,
     RejectedPool, Released, Step, Verdict,

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use dashmap::DashMap;
 use k8s_openapi::api::core::v1::{
-    LoadBalancerIngress, LoadBalancerStatus, Namespace, Service, ServiceSpec,
+    LoadBalancerIngress, LoadBalancerStatus, Namespace, Service, ServiceSpec, ServiceStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -26,6 +26,8 @@ use manager::{ClientError, DashMapStore, ServiceWrite, Store, POOL_ANNOTATION};
 use subscriber::{CiliumLoadBalancerIPPool, IPAddressPool};
 
 use crate::stream::{service_key_of, Kind, Object, ObjectRef, WatchEvent, DEFAULT_NAMESPACE};
+
+type FastHash = foldhash::fast::RandomState;
 
 /// The IPv4 service CIDR cluster IPs come from.
 pub const SERVICE_CIDR_V4: &str = "10.96.0.0/12";
@@ -145,10 +147,10 @@ const HOT_SERVICES: usize = 128;
 /// Every Service by key, each in one of the two maps.
 #[derive(Debug, Default)]
 struct Services {
-    compact: HashMap<Box<str>, Box<[u8]>>,
+    compact: HashMap<Box<str>, Box<[u8]>, FastHash>,
     /// Those with a field the compact form does not keep (none that a
     /// stream gives: its decoder drops them).
-    whole: HashMap<Box<str>, Arc<Service>>,
+    whole: HashMap<Box<str>, Arc<Service>, FastHash>,
     symbols: compact::Symbols,
     hot: Hot,
 }
@@ -158,7 +160,7 @@ struct Services {
 /// most reads are of a Service just written and need no build.
 #[derive(Debug, Default)]
 struct Hot {
-    built: HashMap<Box<str>, Arc<Service>>,
+    built: HashMap<Box<str>, Arc<Service>, FastHash>,
     /// Keys in the order they came in (a removed key may stay: its turn
     /// then only comes early).
     order: VecDeque<Box<str>>,
@@ -516,9 +518,13 @@ impl ReplayStore {
         let ingress: Vec<LoadBalancerIngress> = write
             .ingress
             .iter()
-            .map(|ip| LoadBalancerIngress {
-                ip: Some(ip.to_string()),
-                ..LoadBalancerIngress::default()
+            .map(|&ip| {
+                let mut text = String::with_capacity(15);
+                allocator::push_ip(&mut text, ip);
+                LoadBalancerIngress {
+                    ip: Some(text),
+                    ..LoadBalancerIngress::default()
+                }
             })
             .collect();
         let current_ingress = old
@@ -549,20 +555,21 @@ impl ReplayStore {
         {
             return Ok(Delta::Unchanged);
         }
-        let mut new = Service::clone(&old);
-        let status = new.status.get_or_insert_with(Default::default);
-        status.conditions = if conditions.is_empty() {
-            None
-        } else {
-            Some(conditions)
-        };
-        let load_balancer = status
-            .load_balancer
-            .get_or_insert_with(LoadBalancerStatus::default);
-        load_balancer.ingress = if ingress.is_empty() {
-            None
-        } else {
-            Some(ingress)
+        // The status is built, not cloned: its conditions were just merged.
+        let Service {
+            metadata,
+            spec,
+            status: _,
+        } = &*old;
+        let mut new = Service {
+            metadata: metadata.clone(),
+            spec: spec.clone(),
+            status: Some(ServiceStatus {
+                conditions: (!conditions.is_empty()).then_some(conditions),
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: (!ingress.is_empty()).then_some(ingress),
+                }),
+            }),
         };
         set_pool_annotation(&mut new.metadata.annotations, write.pool.as_ref());
         new.metadata.resource_version = Some(state.next_version());

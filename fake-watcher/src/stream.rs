@@ -395,8 +395,8 @@ impl ObjectRef {
     /// `namespace/name` for a Service, the name otherwise.
     pub fn key(&self) -> String {
         match (&self.kind, &self.namespace) {
-            (Kind::Service, Some(namespace)) => format!("{namespace}/{}", self.name),
-            (Kind::Service, None) => format!("{DEFAULT_NAMESPACE}/{}", self.name),
+            (Kind::Service, Some(namespace)) => [namespace, "/", &self.name].concat(),
+            (Kind::Service, None) => [DEFAULT_NAMESPACE, "/", &self.name].concat(),
             _ => self.name.clone(),
         }
     }
@@ -411,10 +411,8 @@ pub(crate) fn service_key_of(
         .as_deref()
         .filter(|namespace| !namespace.is_empty())
         .unwrap_or(DEFAULT_NAMESPACE);
-    format!(
-        "{namespace}/{}",
-        metadata.name.as_deref().unwrap_or_default()
-    )
+    let name = metadata.name.as_deref().unwrap_or_default();
+    [namespace, "/", name].concat()
 }
 
 /// One event line of a stream.

@@ -18,7 +18,7 @@
 //! store keeps it whole.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
@@ -31,7 +31,7 @@ use k8s_openapi::jiff::Timestamp;
 /// with the last one.
 #[derive(Debug, Default)]
 pub(crate) struct Symbols {
-    ids: HashMap<Arc<str>, u32>,
+    ids: HashMap<Arc<str>, u32, foldhash::fast::RandomState>,
     /// By id: the text and how many records use it (`None`: a free id).
     table: Vec<Option<(Arc<str>, u32)>>,
     free: Vec<u32>,
@@ -482,18 +482,7 @@ fn canonical_ipv4(text: &str) -> Option<Ipv4Addr> {
 /// of a Service prints two or three).
 fn ipv4_text(octets: [u8; 4]) -> String {
     let mut text = String::with_capacity(15);
-    for (at, octet) in octets.into_iter().enumerate() {
-        if at > 0 {
-            text.push('.');
-        }
-        if octet >= 100 {
-            text.push(char::from(b'0' + octet / 100));
-        }
-        if octet >= 10 {
-            text.push(char::from(b'0' + octet / 10 % 10));
-        }
-        text.push(char::from(b'0' + octet % 10));
-    }
+    allocator::push_ip(&mut text, IpAddr::V4(Ipv4Addr::from(octets)));
     text
 }
 

@@ -201,10 +201,7 @@ impl State {
                 shown.status == "True"
                     && shown.reason == reason::ASSIGNED
                     && shown.observed_generation == service.metadata.generation
-                    && shown
-                        .message
-                        .strip_prefix("Assigned IP ")
-                        .is_some_and(|listed| listed == quoted(ips))
+                    && shown.message == assigned_message(ips)
             })
         };
         // Cilium's condition for a holding that is complete: `satisfied`,
@@ -289,14 +286,20 @@ fn event(event_type: EventType, reason: &str, mut message: String) -> Event {
     }
 }
 
-/// `["10.0.0.1" "fd00::1"]`, as MetalLB's `%q` of a list of IPs.
-fn quoted(ips: &[IpAddr]) -> String {
-    use std::fmt::Write as _;
-    let mut text = String::with_capacity(2 + ips.len() * 42);
+/// `Assigned IP ["10.0.0.1" "fd00::1"]`: MetalLB's message, with `%q` of
+/// the list of IPs; the Event's and the condition's.
+fn assigned_message(ips: &[IpAddr]) -> String {
+    const PREFIX: &str = "Assigned IP ";
+    let mut text = String::with_capacity(PREFIX.len() + 2 + ips.len() * 42);
+    text.push_str(PREFIX);
     text.push('[');
     for (i, ip) in ips.iter().enumerate() {
-        let separator = if i == 0 { "" } else { " " };
-        let _ = write!(text, "{separator}\"{ip}\"");
+        if i > 0 {
+            text.push(' ');
+        }
+        text.push('"');
+        allocator::push_ip(&mut text, *ip);
+        text.push('"');
     }
     text.push(']');
     text
@@ -859,7 +862,7 @@ fn condition_for(
     let (assigned, reason, message) = match outcome {
         Outcome::Holds { .. } => {
             let ips = after.map_or(&[][..], |h| &h.ips);
-            let message = format!("Assigned IP {}", quoted(ips));
+            let message = assigned_message(ips);
             (true, reason::ASSIGNED, message)
         }
         Outcome::Fails(failure) => (
@@ -1236,7 +1239,7 @@ fn allocated_event(holding: &AllocatorHolding) -> Event {
     event(
         EventType::Normal,
         reason::IP_ALLOCATED,
-        format!("Assigned IP {}", quoted(&holding.ips)),
+        assigned_message(&holding.ips),
     )
 }
 
