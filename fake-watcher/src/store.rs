@@ -144,9 +144,12 @@ impl SortedKeys {
 /// How many Services [`Hot`] keeps built.
 const HOT_SERVICES: usize = 128;
 
-/// Every Service by key, each in one of the two maps.
+/// Every Service by key, each in one of the two maps; a Service in [`Hot`]
+/// is read from there, and its map entry may be older (see [`Hot`]).
 #[derive(Debug, Default)]
 struct Services {
+    /// The records; a key written and still hot may stand on an older
+    /// record, or on an empty one when it is new.
     compact: HashMap<Box<str>, Box<[u8]>, FastHash>,
     /// Those with a field the compact form does not keep (none that a
     /// stream gives: its decoder drops them).
@@ -157,36 +160,60 @@ struct Services {
 
 /// The Services written or read last, kept built: a write is read back at
 /// once by the manager, the controller and the write that follows, so
-/// most reads are of a Service just written and need no build.
+/// most reads are of a Service just written and need no build. A write is
+/// encoded only when its Service leaves (write-back): a line's object and
+/// the controller's status that follows are one encoding, not two.
 #[derive(Debug, Default)]
 struct Hot {
-    built: HashMap<Box<str>, Arc<Service>, FastHash>,
+    built: HashMap<Box<str>, HotService, FastHash>,
     /// Keys in the order they came in (a removed key may stay: its turn
     /// then only comes early).
     order: VecDeque<Box<str>>,
 }
 
+#[derive(Debug)]
+struct HotService {
+    service: Arc<Service>,
+    /// Written since its record was: the record must be made when it leaves.
+    written: bool,
+}
+
+/// A Service that left [`Hot`] with a write its record does not have yet.
+type Unwritten = Option<(Box<str>, Arc<Service>)>;
+
 impl Hot {
     fn get(&self, key: &str) -> Option<Arc<Service>> {
-        self.built.get(key).cloned()
+        self.built.get(key).map(|hot| Arc::clone(&hot.service))
     }
 
-    fn put(&mut self, key: &str, service: &Arc<Service>) {
-        if let Some(built) = self.built.get_mut(key) {
-            *built = Arc::clone(service);
-            return;
+    /// Keeps `service` built; the Service it pushes out, if that one was
+    /// written and not yet recorded.
+    #[must_use]
+    fn put(&mut self, key: &str, service: &Arc<Service>, written: bool) -> Unwritten {
+        if let Some(hot) = self.built.get_mut(key) {
+            hot.service = Arc::clone(service);
+            hot.written |= written;
+            return None;
         }
+        let mut unwritten = None;
         if self.order.len() >= HOT_SERVICES {
             if let Some(oldest) = self.order.pop_front() {
-                self.built.remove(&oldest);
+                unwritten = self
+                    .built
+                    .remove(&oldest)
+                    .filter(|hot| hot.written)
+                    .map(|hot| (oldest, hot.service));
             }
         }
         self.order.push_back(key.into());
-        self.built.insert(key.into(), Arc::clone(service));
+        let service = Arc::clone(service);
+        self.built
+            .insert(key.into(), HotService { service, written });
+        unwritten
     }
 
-    fn remove(&mut self, key: &str) {
-        self.built.remove(key);
+    fn remove(&mut self, key: &str) -> Option<Arc<Service>> {
+        self.built.remove(key).map(|hot| hot.service)
     }
 }
 
@@ -199,7 +226,8 @@ impl Services {
             Some(record) => Arc::new(compact::decode(record, key, &self.symbols)),
             None => return self.whole.get(key).cloned(),
         };
-        self.hot.put(key, &service);
+        let unwritten = self.hot.put(key, &service, false);
+        self.write_back(unwritten);
         Some(service)
     }
 
@@ -218,9 +246,25 @@ impl Services {
         }
     }
 
-    /// Stores `service` under `key`, replacing what was there.
+    /// Stores `service` under `key`, replacing what was there; its record
+    /// is made when it leaves the hot Services.
     fn insert(&mut self, key: &str, service: &Arc<Service>) {
-        self.hot.put(key, service);
+        if !self.compact.contains_key(key) && !self.whole.contains_key(key) {
+            // Counted and listed from now on; never read while hot.
+            self.compact.insert(key.into(), Box::default());
+        }
+        let unwritten = self.hot.put(key, service, true);
+        self.write_back(unwritten);
+    }
+
+    fn write_back(&mut self, unwritten: Unwritten) {
+        if let Some((key, service)) = unwritten {
+            self.record(&key, &service);
+        }
+    }
+
+    /// Makes the record of `service`, replacing the one under `key`.
+    fn record(&mut self, key: &str, service: &Arc<Service>) {
         // Encoded before the old record goes, so that the symbols both use
         // stay interned.
         match compact::encode(service, key, &mut self.symbols) {
@@ -248,8 +292,7 @@ impl Services {
     }
 
     fn remove(&mut self, key: &str) -> Option<Arc<Service>> {
-        let hot = self.hot.get(key);
-        self.hot.remove(key);
+        let hot = self.hot.remove(key);
         match self.compact.remove(key) {
             Some(record) => {
                 let service =
@@ -257,7 +300,10 @@ impl Services {
                 compact::release(&record, &mut self.symbols);
                 Some(service)
             }
-            None => self.whole.remove(key),
+            None => {
+                let whole = self.whole.remove(key);
+                hot.or(whole)
+            }
         }
     }
 
@@ -265,16 +311,9 @@ impl Services {
     fn all(&self) -> Vec<(String, Arc<Service>)> {
         let mut services: Vec<_> = self
             .compact
-            .iter()
-            .map(|(key, record)| {
-                let service = compact::decode(record, key, &self.symbols);
-                (key.to_string(), Arc::new(service))
-            })
-            .chain(
-                self.whole
-                    .iter()
-                    .map(|(key, service)| (key.to_string(), Arc::clone(service))),
-            )
+            .keys()
+            .chain(self.whole.keys())
+            .filter_map(|key| Some((key.to_string(), self.peek(key)?)))
             .collect();
         services.sort_by(|a, b| a.0.cmp(&b.0));
         services
@@ -1063,6 +1102,42 @@ mod tests {
 
     fn ips(spec: &ServiceSpec) -> Vec<String> {
         spec.cluster_ips.clone().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_write_is_recorded_when_it_leaves_the_hot_services() {
+        let with_label = |value: &str| {
+            let mut service = Service::default();
+            service.metadata.name = Some("web".to_owned());
+            service.metadata.namespace = Some("default".to_owned());
+            service.metadata.labels = Some(BTreeMap::from([("app".to_owned(), value.to_owned())]));
+            Arc::new(service)
+        };
+        let mut services = Services::default();
+        services.insert("default/web", &with_label("first"));
+        services.insert("default/web", &with_label("second"));
+        // Counted and listed at once, recorded only when pushed out.
+        assert_eq!(services.len(), 1);
+        assert_eq!(
+            services.compact.get("default/web").map(|r| r.len()),
+            Some(0)
+        );
+        for i in 0..HOT_SERVICES {
+            services.insert(&format!("default/other-{i}"), &Arc::default());
+        }
+        assert!(services.hot.get("default/web").is_none());
+        let record = services.compact.get("default/web").unwrap();
+        let read = compact::decode(record, "default/web", &services.symbols);
+        assert_eq!(read, *with_label("second"));
+        // Written again while hot: removing it returns that write and
+        // releases the older record's symbols.
+        services.insert("default/web", &with_label("third"));
+        assert_eq!(services.remove("default/web"), Some(with_label("third")));
+        for i in 0..HOT_SERVICES {
+            services.remove(&format!("default/other-{i}"));
+        }
+        assert_eq!(services.len(), 0);
+        assert_eq!(services.symbols.len(), 0);
     }
 
     #[test]
