@@ -92,6 +92,12 @@ const SERIAL_BUDGET: Duration = Duration::from_secs(5);
 const REPLAY_SEED: u64 = 0x5eed_0005;
 
 fn main() -> ExitCode {
+    // As `fake-watcher` runs (its main.rs says why); the child processes
+    // inherit it.
+    #[cfg(target_os = "linux")]
+    if let Err(error) = rustix::thread::disable_transparent_huge_pages(true) {
+        eprintln!("bench: transparent huge pages stay on: {error}");
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = if args.first().map(String::as_str) == Some("--child-restart") {
         child_restart(args.get(1..).unwrap_or_default()).map(|()| true)
