@@ -1311,12 +1311,22 @@ impl Allocator {
         all
     }
 
-    /// The Services holding `ip`, sorted.
+    /// The Services holding `ip`, sorted: costs their number (a shared
+    /// address may have thousands; [`Allocator::is_held`] asks less).
     pub fn holders(&self, ip: IpAddr) -> Vec<String> {
+        let Some(holders) = self.addresses.get(&ip) else {
+            return Vec::new();
+        };
+        self.step(holders.len() as u64);
+        holders.iter().map(|h| h.to_string()).collect()
+    }
+
+    /// Whether any Service holds `ip`, in O(1).
+    pub fn is_held(&self, ip: IpAddr) -> bool {
+        self.step(1);
         self.addresses
             .get(&ip)
-            .map(|holders| holders.iter().map(|h| h.to_string()).collect())
-            .unwrap_or_default()
+            .is_some_and(|holders| holders.len() > 0)
     }
 
     /// The Services holding addresses in the pool `name`, sorted: costs

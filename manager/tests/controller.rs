@@ -1610,6 +1610,41 @@ mod cost {
         h.pool("a", addrs(&["10.0.0.0/24"])).await;
         assert_eq!(h.status("ns/s0"), "10.0.0.0 @a");
     }
+
+    /// Deletes from one big sharing group: a delete asks whether the
+    /// address it left is still held, not who holds it (the old code
+    /// listed every other holder on each delete: N² in all).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_delete_from_a_big_sharing_group_does_not_list_its_holders() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.0/30"]))]).await;
+        for i in 0..N {
+            let port = i32::try_from(i + 1).unwrap();
+            h.add(svc(&format!("ns/s{i}")).shared("k").port(port)).await;
+        }
+        assert_eq!(h.status("ns/s399"), "10.0.0.0 @a");
+        let before = h.controller.allocator_steps();
+        for i in (0..N).step_by(2) {
+            h.delete(&format!("ns/s{i}")).await;
+        }
+        let steps = h.controller.allocator_steps() - before;
+        // The old code: 60,000 (the holders left, 400 down to 200, listed
+        // on each of 200 deletes).
+        assert!(
+            steps <= 10 * N as u64,
+            "{steps} steps for {} deletes",
+            N / 2
+        );
+        // The last holder's delete frees the address for a waiting one.
+        h.add(svc("ns/alone")).await;
+        h.add(svc("ns/late")).await;
+        h.add(svc("ns/later")).await;
+        h.add(svc("ns/waits")).await;
+        assert_eq!(h.waiting(), ["ns/waits"]);
+        for i in (1..N).step_by(2) {
+            h.delete(&format!("ns/s{i}")).await;
+        }
+        assert_eq!(h.status("ns/waits"), "10.0.0.0 @a");
+    }
 }
 
 /// docs/allocation.md §4.7: the `metallb.io/AddressAssigned` condition, one

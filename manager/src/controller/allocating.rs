@@ -379,6 +379,12 @@ impl AllocatingController {
         }
     }
 
+    /// The allocator's search steps so far ([`Allocator::steps`]): what
+    /// cost tests count.
+    pub fn allocator_steps(&self) -> u64 {
+        self.lock().allocator.steps()
+    }
+
     /// Checks docs/allocation.md §6 against the store: the allocator's own invariants,
     /// every held address in a pool that serves its Service, and (meant for
     /// when the manager is idle) every Service's status equal to what the
@@ -990,7 +996,7 @@ fn freed(
     let mut freed = Vec::new();
     for ip in &before.ips {
         let kept = after.is_some_and(|a| a.ips.contains(ip));
-        if kept || !allocator.holders(*ip).is_empty() {
+        if kept || allocator.is_held(*ip) {
             continue;
         }
         freed.push(WakeOn::Address(*ip));
