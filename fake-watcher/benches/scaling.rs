@@ -1616,6 +1616,16 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         },
     },
     GrowthShape {
+        name: "sharing_deletes",
+        what: "one sharing key over 3N/4 RequireDualStack Services, each its own port (one pair), then N/4 of them deleted",
+        exception: None,
+        stream: sharing_deletes_stream,
+        expect: |n| Expect {
+            served: n * 3 / 4 - n / 4,
+            addresses: Some(2),
+        },
+    },
+    GrowthShape {
         name: "sharing_port80",
         what: "one sharing key over N Services, all on 80/TCP (each steps one address up)",
         exception: None,
@@ -1935,6 +1945,31 @@ fn sharing_ports_stream(n: usize) -> Result<Vec<u8>> {
             "",
             &format!(r#"[{{"port":{port},"protocol":"{protocol}"}}]"#),
         )?;
+    }
+    Ok(out)
+}
+
+/// One sharing key over 3N/4 RequireDualStack Services, a port of its own
+/// for each: all stack on one pair of addresses. Then every third one is
+/// deleted, N/4 in all (each delete leaves the pair held by the others).
+fn sharing_deletes_stream(n: usize) -> Result<Vec<u8>> {
+    let services = n * 3 / 4;
+    let mut out = Vec::with_capacity(n * 280);
+    pool_line(&mut out, "ADDED", "main", &["10.0.0.0/24", "fd00::/120"])?;
+    for i in 0..services {
+        let port = 1 + i % 65_535;
+        let protocol = if i < 65_535 { "TCP" } else { "UDP" };
+        service_line(
+            &mut out,
+            "ADDED",
+            (&namespace_of(i), &format!("svc-{i}")),
+            SHARED_ONE,
+            r#","ipFamilyPolicy":"RequireDualStack""#,
+            &format!(r#"[{{"port":{port},"protocol":"{protocol}"}}]"#),
+        )?;
+    }
+    for i in (0..services).step_by(3).take(n / 4) {
+        service_delete_line(&mut out, &namespace_of(i), &format!("svc-{i}"))?;
     }
     Ok(out)
 }
