@@ -18,9 +18,12 @@ fn run(args: &[&str], stdin: Option<&str>) -> Output {
         .spawn()
         .unwrap();
     let mut input = child.stdin.take().unwrap();
-    input
-        .write_all(stdin.unwrap_or_default().as_bytes())
-        .unwrap();
+    let written = input.write_all(stdin.unwrap_or_default().as_bytes());
+    // A command that fails before reading its input (a bad --config) may
+    // exit before the write: its output says what happened.
+    if let Err(error) = written {
+        assert_eq!(error.kind(), std::io::ErrorKind::BrokenPipe, "{error}");
+    }
     drop(input);
     child.wait_with_output().unwrap()
 }
