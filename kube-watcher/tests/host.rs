@@ -302,6 +302,15 @@ async fn losing_the_lease_stops_writes_and_the_next_term_keeps_addresses() {
     let host = Host::start(stub.client("a"), config("a"));
     wait_for_ips(&stub, "web", &["192.168.10.0"]).await;
     settled(&host).await;
+    // The watch brings the host's own writes back to its cache after the
+    // manager is idle; a term that starts before they are cached writes
+    // web again from the older object.
+    eventually("web's writes are cached", || {
+        host.store()
+            .service("ns/web")
+            .is_some_and(|web| manager::pool_annotation(&web) == Some("default"))
+    })
+    .await;
 
     stub.steal_lease(LEASE_NAMESPACE, LEASE_NAME, "intruder");
     let mut leader = host.leader();
