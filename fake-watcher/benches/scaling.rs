@@ -1934,19 +1934,26 @@ const SHARED_ONE: &str = r#","annotations":{"metallb.io/allow-shared-ip":"one"}"
 fn sharing_ports_stream(n: usize) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(n * 260);
     pool_line(&mut out, "ADDED", "main", &["10.0.0.0/24"])?;
-    for i in 0..n {
+    own_port_services(&mut out, n, "")?;
+    Ok(out)
+}
+
+/// `count` Services `svc-{i}` with the key of [`SHARED_ONE`], each on a
+/// port of its own (1-65535 TCP, then UDP), with `spec` added to theirs.
+fn own_port_services(out: &mut Vec<u8>, count: usize, spec: &str) -> Result<()> {
+    for i in 0..count {
         let port = 1 + i % 65_535;
         let protocol = if i < 65_535 { "TCP" } else { "UDP" };
         service_line(
-            &mut out,
+            out,
             "ADDED",
             (&namespace_of(i), &format!("svc-{i}")),
             SHARED_ONE,
-            "",
+            spec,
             &format!(r#"[{{"port":{port},"protocol":"{protocol}"}}]"#),
         )?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// One sharing key over 3N/4 RequireDualStack Services, a port of its own
@@ -1956,18 +1963,11 @@ fn sharing_deletes_stream(n: usize) -> Result<Vec<u8>> {
     let services = n * 3 / 4;
     let mut out = Vec::with_capacity(n * 280);
     pool_line(&mut out, "ADDED", "main", &["10.0.0.0/24", "fd00::/120"])?;
-    for i in 0..services {
-        let port = 1 + i % 65_535;
-        let protocol = if i < 65_535 { "TCP" } else { "UDP" };
-        service_line(
-            &mut out,
-            "ADDED",
-            (&namespace_of(i), &format!("svc-{i}")),
-            SHARED_ONE,
-            r#","ipFamilyPolicy":"RequireDualStack""#,
-            &format!(r#"[{{"port":{port},"protocol":"{protocol}"}}]"#),
-        )?;
-    }
+    own_port_services(
+        &mut out,
+        services,
+        r#","ipFamilyPolicy":"RequireDualStack""#,
+    )?;
     for i in (0..services).step_by(3).take(n / 4) {
         service_delete_line(&mut out, &namespace_of(i), &format!("svc-{i}"))?;
     }
