@@ -1321,12 +1321,11 @@ impl Allocator {
         holders.iter().map(|h| h.to_string()).collect()
     }
 
-    /// Whether any Service holds `ip`, in O(1).
+    /// Whether any Service holds `ip`, in O(1) (an address's entry goes
+    /// with its last holder).
     pub fn is_held(&self, ip: IpAddr) -> bool {
         self.step(1);
-        self.addresses
-            .get(&ip)
-            .is_some_and(|holders| holders.len() > 0)
+        self.addresses.contains_key(&ip)
     }
 
     /// The Services holding addresses in the pool `name`, sorted: costs

@@ -851,9 +851,7 @@ fn restart_scenario(report: &mut Report, sizes: &[usize]) -> Result<()> {
     let exe = std::env::current_exe()?;
     for &n in sizes {
         let stream = restart_stream(n)?;
-        let mut file = tempfile::NamedTempFile::new()?;
-        file.write_all(&stream)?;
-        file.flush()?;
+        let file = temp_file(&stream)?;
         let bytes = stream.len();
         drop(stream);
         let output = Command::new(&exe)
@@ -1059,8 +1057,8 @@ fn replay_scenario(report: &mut Report, n: usize, which: ReplayScenarios) -> Res
             ("(the floor)".to_owned(), None),
         ));
     }
-    // On one thread first: the pipelined replay frees its state in the
-    // background, which must not overlap another measurement.
+    // On one thread first: its result is what the binary's is compared
+    // with.
     let mut one_thread_result = None;
     if one_thread {
         let start = Instant::now();
@@ -1134,6 +1132,14 @@ fn replay_scenario(report: &mut Report, n: usize, which: ReplayScenarios) -> Res
     Ok(())
 }
 
+/// A file holding `bytes`, for a child process to read.
+fn temp_file(bytes: &[u8]) -> Result<tempfile::NamedTempFile> {
+    let mut file = tempfile::NamedTempFile::new()?;
+    file.write_all(bytes)?;
+    file.flush()?;
+    Ok(file)
+}
+
 /// The replay as `fake-watcher replay FILE --output json > FILE` runs it
 /// (decoding on a thread of its own, the result serialized as it is
 /// written), wall time of the process, best of three like the decoding it
@@ -1141,9 +1147,7 @@ fn replay_scenario(report: &mut Report, n: usize, which: ReplayScenarios) -> Res
 /// allocator adds an atomic add to every allocation, which two threads
 /// contend for (11% of an in-process pipelined replay).
 fn pipelined_replay(stream: &[u8]) -> Result<(Duration, ReplayResult)> {
-    let mut input = tempfile::NamedTempFile::new()?;
-    input.write_all(stream)?;
-    input.flush()?;
+    let input = temp_file(stream)?;
     let output = tempfile::NamedTempFile::new()?;
     let mut best = Duration::MAX;
     for _ in 0..3 {
@@ -2525,10 +2529,7 @@ fn growth_scenario(
         eprintln!("  growth {}...", shape.name);
         let mut files = Vec::new();
         for n in [small, large] {
-            let mut file = tempfile::NamedTempFile::new()?;
-            file.write_all(&(shape.stream)(n)?)?;
-            file.flush()?;
-            files.push(file);
+            files.push(temp_file(&(shape.stream)(n)?)?);
         }
         let [small_file, large_file] = files.as_slice() else {
             continue;
