@@ -13,7 +13,7 @@ use pool_types::cilium::CiliumLoadBalancerIPPoolSpec;
 
 use crate::addr::{from_int, to_int, Family};
 use crate::count::{AddressCount, WideCount};
-use crate::error::{AllocError, ShareConflict};
+use crate::error::{AllocError, ShareConflict, Tried, UnpinnedTried};
 use crate::group::{GroupIndex, Rank};
 use crate::holders::{tenancies_agree, Holders, Tenancy};
 use crate::pinned::{Fact, Merge, PinnedIndex};
@@ -561,12 +561,22 @@ impl OpenSet {
         subject: &Subject<'_>,
         every_pinned: bool,
     ) -> impl Iterator<Item = &'a AutoKey> {
-        let pinned = if every_pinned {
+        self.pinned_candidates(subject, every_pinned)
+            .chain(self.unpinned.iter())
+    }
+
+    /// The pinned pools that may serve `subject` (see
+    /// [`OpenSet::candidates`]).
+    fn pinned_candidates<'a>(
+        &'a self,
+        subject: &Subject<'_>,
+        every_pinned: bool,
+    ) -> Merge<'a, AutoKey> {
+        if every_pinned {
             Merge::new(vec![self.pinned.all()])
         } else {
             self.pinned.candidates(subject)
-        };
-        pinned.chain(self.unpinned.iter())
+        }
     }
 }
 
@@ -781,6 +791,16 @@ impl Allocator {
             return true;
         }
         false
+    }
+
+    /// Whether `pool` is an accepted automatic pool without
+    /// serviceAllocation or serviceSelector: one that every Service may
+    /// get addresses from, tried after the pinned ones.
+    pub fn is_unpinned_auto(&self, pool: &str) -> bool {
+        self.pools
+            .get(pool)
+            .and_then(|state| state.auto.as_ref())
+            .is_some_and(|(unpinned, _, _)| *unpinned)
     }
 
     fn walks_every_pinned(&self) -> bool {
@@ -2017,24 +2037,38 @@ impl Allocator {
                 }
             }
         }
-        // No pool fits: the failure names every pool tried, as the walk over
-        // all of them would (the pinned ones that may serve it, by the index).
-        let serving: Vec<Arc<str>> = self
-            .auto
-            .all
-            .candidates(&request.subject, self.walks_every_pinned())
+        // No pool fits: the failure names the pinned pools that serve it
+        // (by the index) and counts the unpinned ones, which serve every
+        // Service: a failure costs nothing per unpinned pool (§4.9).
+        let all = &self.auto.all;
+        let named: Vec<String> = all
+            .pinned_candidates(&request.subject, self.walks_every_pinned())
             .filter(|(_, _, name)| {
                 self.step(1);
                 self.pools
                     .get(name)
                     .is_some_and(|s| s.pool.serves(&request.subject))
             })
-            .map(|(_, _, name)| Arc::clone(name))
+            .map(|(_, _, name)| name.to_string())
             .collect();
-        if serving.is_empty() {
+        let unpinned = (!all.unpinned.is_empty()).then(|| {
+            let first: Vec<String> = all
+                .unpinned
+                .iter()
+                .take(Tried::LISTED)
+                .map(|(_, _, name)| name.to_string())
+                .collect();
+            self.step(u64::try_from(first.len()).unwrap_or(u64::MAX));
+            UnpinnedTried {
+                first,
+                count: all.unpinned.len(),
+            }
+        });
+        let tried = Tried { named, unpinned };
+        if tried.count() == 0 {
             return Err(AllocError::NoPool);
         }
-        Err(self.no_fit(request, &serving))
+        Err(self.no_fit(request, tried))
     }
 
     /// For a Cilium key: the first automatic pool (in order) where its
@@ -2166,12 +2200,16 @@ impl Allocator {
                 }
             }
         }
-        Err(self.no_fit(request, candidates))
+        let tried = Tried {
+            named: candidates.iter().map(|name| name.to_string()).collect(),
+            unpinned: None,
+        };
+        Err(self.no_fit(request, tried))
     }
 
-    /// Why none of `candidates` fits `request`.
-    fn no_fit(&self, request: &Request<'_>, candidates: &[Arc<str>]) -> AllocError {
-        if let [only] = candidates {
+    /// Why none of the pools `tried` fits `request`.
+    fn no_fit(&self, request: &Request<'_>, tried: Tried) -> AllocError {
+        if let Some(only) = tried.only() {
             let state = self.pools.get(only);
             let missing = match request.families {
                 FamilyPolicy::Single(family) => Some(family),
@@ -2182,7 +2220,7 @@ impl Allocator {
             };
             if let Some(family) = missing.filter(|f| state.is_some_and(|s| !s.has_family(*f))) {
                 return AllocError::NoFamilyInPool {
-                    pool: only.to_string(),
+                    pool: only.to_owned(),
                     family,
                 };
             }
@@ -2192,10 +2230,7 @@ impl Allocator {
             FamilyPolicy::RequireDual => "both an IPv4 and an IPv6 address".to_owned(),
             FamilyPolicy::PreferDual { .. } => "an IPv4 or IPv6 address".to_owned(),
         };
-        AllocError::NoAvailable {
-            needed,
-            pools: candidates.iter().map(|name| name.to_string()).collect(),
-        }
+        AllocError::NoAvailable { needed, tried }
     }
 
     /// The lowest address of `family` in `state` that fits `request`:

@@ -1,5 +1,6 @@
 //! Why an address could not be given or kept.
 
+use std::fmt;
 use std::net::IpAddr;
 
 use crate::addr::Family;
@@ -46,8 +47,8 @@ pub enum AllocError {
     #[error("no pool with autoAssign serves this service")]
     NoPool,
     /// Pools were tried and none had a fitting address.
-    #[error("no available IPs: no pool has {needed} free (tried {})", pools.join(", "))]
-    NoAvailable { needed: String, pools: Vec<String> },
+    #[error("no available IPs: no pool has {needed} free (tried {tried})")]
+    NoAvailable { needed: String, tried: Tried },
     /// An address outside every accepted pool.
     #[error("{ip} is not in any pool")]
     NotInAnyPool { ip: IpAddr },
@@ -92,9 +93,115 @@ pub enum AllocError {
     NoFamilyInPool { pool: String, family: Family },
 }
 
+/// The pools a failed allocation tried, in the order tried. The unpinned
+/// automatic pools serve every Service, so a failure that tried them tried
+/// all of them: it keeps their number and first names, not a list as long
+/// as the cluster's pools (docs/allocation.md §4.9).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tried {
+    /// The pools tried one by one: the requested pool, or the pinned pools
+    /// that serve the Service.
+    pub named: Vec<String>,
+    /// The unpinned automatic pools, tried after `named`.
+    pub unpinned: Option<UnpinnedTried>,
+}
+
+/// Every unpinned automatic pool, tried in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnpinnedTried {
+    /// The first of them, at most [`Tried::LISTED`].
+    pub first: Vec<String>,
+    /// How many there are.
+    pub count: usize,
+}
+
+impl Tried {
+    /// The most pool names a message lists; the rest are counted.
+    pub const LISTED: usize = 10;
+
+    /// How many pools were tried.
+    pub fn count(&self) -> usize {
+        self.named
+            .len()
+            .saturating_add(self.unpinned.as_ref().map_or(0, |u| u.count))
+    }
+
+    /// The one pool tried, if only one was.
+    pub fn only(&self) -> Option<&str> {
+        let first = self
+            .named
+            .first()
+            .or_else(|| self.unpinned.as_ref()?.first.first());
+        (self.count() == 1).then_some(first?.as_str())
+    }
+}
+
+/// `a, b, c`, or past [`Tried::LISTED`] names `a, b, … j and 12 more`.
+impl fmt::Display for Tried {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let unpinned = self.unpinned.iter().flat_map(|u| &u.first);
+        let listed = self.named.iter().chain(unpinned).take(Self::LISTED);
+        let mut shown = 0_usize;
+        for name in listed {
+            if shown > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(name)?;
+            shown += 1;
+        }
+        match self.count().saturating_sub(shown) {
+            0 => Ok(()),
+            more => write!(f, " and {more} more"),
+        }
+    }
+}
+
 fn list(ips: &[IpAddr]) -> String {
     ips.iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|name| (*name).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_pools_tried_are_listed_up_to_ten_then_counted() {
+        let few = Tried {
+            named: names(&["pinned"]),
+            unpinned: Some(UnpinnedTried {
+                first: names(&["a", "b"]),
+                count: 2,
+            }),
+        };
+        assert_eq!(few.to_string(), "pinned, a, b");
+        assert_eq!(few.only(), None);
+        let many = Tried {
+            named: names(&["x", "y"]),
+            unpinned: Some(UnpinnedTried {
+                first: names(&["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]),
+                count: 500,
+            }),
+        };
+        assert_eq!(many.count(), 502);
+        assert_eq!(
+            many.to_string(),
+            "x, y, a, b, c, d, e, f, g, h and 492 more"
+        );
+        let one = Tried {
+            named: Vec::new(),
+            unpinned: Some(UnpinnedTried {
+                first: names(&["only"]),
+                count: 1,
+            }),
+        };
+        assert_eq!(one.only(), Some("only"));
+        assert_eq!(one.to_string(), "only");
+    }
 }

@@ -43,7 +43,7 @@ pub use alloc::{
     RejectedPool, Released, Step, Verdict,
 };
 pub use count::{AddressCount, WideCount};
-pub use error::{AllocError, ShareConflict};
+pub use error::{AllocError, ShareConflict, Tried, UnpinnedTried};
 pub use pool::{
     parse_entry, AddrRange, Conflict, Pool, PoolError, PoolKind, ServiceAllocation, Subject,
     Unserved, SERVICE_NAMESPACE_LABEL, SERVICE_NAME_LABEL,

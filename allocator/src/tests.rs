@@ -1275,6 +1275,42 @@ mod cost {
         assert!(steps <= 2 * u64::from(P), "{steps} steps for {P} Services");
     }
 
+    /// P unpinned pools of one address each, all full: a Service that finds
+    /// no room is told which pools it tried without a walk over them (the
+    /// first few by name, the rest counted), so P failures cost O(P), not
+    /// O(P²). The walk that named every pool took 2,000 steps per failure.
+    #[test]
+    fn a_service_that_every_unpinned_pool_refuses_fails_without_a_walk() {
+        const P: u32 = 2000;
+        let mut a = Allocator::new();
+        for p in 0..P {
+            a.set_pool(&format!("p{p:05}"), &pool_spec(&[&format!("{}/32", v4(p))]));
+        }
+        for p in 0..P {
+            a.allocate(&svc(&format!("ns/first-{p}")).req()).unwrap();
+        }
+        let before = a.steps();
+        for p in 0..P {
+            let refused = a.allocate(&svc(&format!("ns/second-{p}")).req());
+            let Err(AllocError::NoAvailable { tried, .. }) = &refused else {
+                panic!("{refused:?}");
+            };
+            assert!(tried.named.is_empty());
+            let unpinned = tried.unpinned.as_ref().unwrap();
+            assert_eq!(unpinned.count, P as usize);
+            assert_eq!(unpinned.first.len(), Tried::LISTED);
+            assert_eq!(unpinned.first.first().map(String::as_str), Some("p00000"));
+        }
+        let steps = a.steps() - before;
+        assert!(steps <= u64::from(P) * 16, "{steps} steps");
+        let refused = a.allocate(&svc("ns/last").req()).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "no available IPs: no pool has an IPv4 address free (tried p00000, p00001, \
+             p00002, p00003, p00004, p00005, p00006, p00007, p00008, p00009 and 1990 more)"
+        );
+    }
+
     /// P pools of one address each pinned to its own namespace, full: a
     /// Service that finds no room is told so, and the pools that serve it
     /// are found by the index too, not by a walk over every pool.
@@ -1302,7 +1338,10 @@ mod cost {
                 refused.map(|h| h.pool),
                 Err(AllocError::NoAvailable {
                     needed: "an IPv4 address".to_owned(),
-                    pools: vec![format!("p{p:05}")],
+                    tried: Tried {
+                        named: vec![format!("p{p:05}")],
+                        unpinned: None,
+                    },
                 })
             );
             let nowhere = a.allocate(&svc(&format!("elsewhere-{p}/s")).req());

@@ -1682,6 +1682,13 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         expect: |n| expect_all(n / 2),
     },
     GrowthShape {
+        name: "full_pools",
+        what: "N/4 pools of one address, N/4 Services fill them, N/4 wait (each tried every pool), N/4 deletes (each wakes the waiting)",
+        exception: None,
+        stream: full_pools_stream,
+        expect: |n| expect_all(n / 4),
+    },
+    GrowthShape {
         name: "add_delete_one",
         what: "N/2 Services, then one name added and deleted N/4 times",
         exception: None,
@@ -2193,6 +2200,30 @@ fn wakeups_stream(n: usize) -> Result<Vec<u8>> {
     }
     for k in 0..n / 4 {
         let i = 2 * k;
+        service_delete_line(&mut out, &namespace_of(i), &format!("svc-{i}"))?;
+    }
+    Ok(out)
+}
+
+/// N/4 pools of one address each, N/4 Services that fill them, N/4 that
+/// find them all full and wait, then the first N/4 deleted: each delete
+/// frees one address, which the longest waiting takes.
+fn full_pools_stream(n: usize) -> Result<Vec<u8>> {
+    let quarter = n / 4;
+    let mut out = Vec::with_capacity(n * 200);
+    for i in 0..quarter {
+        let offset = u32::try_from(i).unwrap_or(u32::MAX);
+        pool_line(
+            &mut out,
+            "ADDED",
+            &format!("pool-{i:07}"),
+            &[&format!("{}/32", v4(offset))],
+        )?;
+    }
+    for i in 0..2 * quarter {
+        plain_service(&mut out, i)?;
+    }
+    for i in 0..quarter {
         service_delete_line(&mut out, &namespace_of(i), &format!("svc-{i}"))?;
     }
     Ok(out)

@@ -887,6 +887,45 @@ mod s4_6_changes {
         assert!(h.waiting().is_empty());
     }
 
+    // §4.9: a Service that tried the unpinned pools waits on all of them at
+    // once (one key per family), woken by a delete in any of them; a
+    // delete in a pinned pool wakes only those that pool serves, and one in
+    // a pool without autoAssign wakes none of them.
+    #[tokio::test]
+    async fn a_delete_in_any_unpinned_pool_wakes_those_that_tried_them() {
+        let h = Harness::with_pools(&[
+            ("a", addrs(&["10.0.0.1"])),
+            ("b", addrs(&["10.0.1.1"])),
+            ("c", json!({"addresses": ["10.0.3.1"], "autoAssign": false})),
+            (
+                "p",
+                json!({"addresses": ["10.0.2.1"], "serviceAllocation": {"namespaces": ["other"]}}),
+            ),
+        ])
+        .await;
+        h.add(svc("other/hp")).await;
+        h.add(svc("ns/h1")).await;
+        h.add(svc("ns/h2")).await;
+        h.add(svc("ns/hc").in_pool("c")).await;
+        h.add(svc("ns/w")).await;
+        h.add(svc("other/wp")).await;
+        assert_eq!(h.status("other/hp"), "10.0.2.1 @p");
+        assert_eq!(h.status("ns/h2"), "10.0.1.1 @b");
+        assert_eq!(h.waiting(), ["ns/w", "other/wp"]);
+        let before = h.reconciliations();
+        h.delete("ns/hc").await;
+        assert_eq!(h.reconciliations() - before, 1);
+        let before = h.reconciliations();
+        h.delete("other/hp").await;
+        assert_eq!(h.reconciliations() - before, 2);
+        assert_eq!(h.status("other/wp"), "10.0.2.1 @p");
+        assert_eq!(h.waiting(), ["ns/w"]);
+        let before = h.reconciliations();
+        h.delete("ns/h2").await;
+        assert_eq!(h.reconciliations() - before, 2);
+        assert_eq!(h.status("ns/w"), "10.0.1.1 @b");
+    }
+
     #[tokio::test]
     async fn releasing_an_address_by_moving_wakes_the_waiting() {
         let h = Harness::with_pools(&[

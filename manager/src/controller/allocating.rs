@@ -999,11 +999,12 @@ fn freed(
         if kept || allocator.is_held(*ip) {
             continue;
         }
+        let (pool, family) = (before.pool_of(*ip), Family::of(*ip));
         freed.push(WakeOn::Address(*ip));
-        freed.push(WakeOn::Pool(
-            before.pool_of(*ip).to_owned(),
-            Family::of(*ip),
-        ));
+        if allocator.is_unpinned_auto(pool) {
+            freed.push(WakeOn::UnpinnedPool(family));
+        }
+        freed.push(WakeOn::Pool(pool.to_owned(), family));
     }
     freed.sort();
     freed.dedup();
@@ -1089,9 +1090,19 @@ fn demand_class(error: &AllocError, request: &Request<'_>) -> Option<u64> {
         }
     };
     // The message names the pools tried: the candidates the Service's
-    // namespace and labels select.
+    // namespace and labels select. Past a few it counts them, so the class
+    // holds the pools themselves: the pinned ones each, the unpinned
+    // (which every Service tries alike) as one.
+    let failure = match error {
+        AllocError::NoAvailable { needed, tried } => (
+            needed.clone(),
+            tried.named.clone(),
+            tried.unpinned.is_some(),
+        ),
+        _ => (error.to_string(), Vec::new(), false),
+    };
     Some(class_of(&(
-        error.to_string(),
+        failure,
         format!("{:?}", request.families),
         request.sharing_key,
         backend_key,
@@ -1119,12 +1130,17 @@ fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<Wake
         FamilyPolicy::RequireDual | FamilyPolicy::PreferDual { .. } => &[Family::V4, Family::V6],
     };
     match error {
-        AllocError::NoAvailable { pools, .. } => Some(
-            pools
+        AllocError::NoAvailable { tried, .. } => {
+            let named = tried
+                .named
                 .iter()
-                .flat_map(|pool| families.iter().map(|f| WakeOn::Pool(pool.clone(), *f)))
-                .collect(),
-        ),
+                .flat_map(|pool| families.iter().map(|f| WakeOn::Pool(pool.clone(), *f)));
+            let unpinned = tried
+                .unpinned
+                .iter()
+                .flat_map(|_| families.iter().map(|f| WakeOn::UnpinnedPool(*f)));
+            Some(named.chain(unpinned).collect())
+        }
         AllocError::Taken { ip, .. } => Some(vec![WakeOn::Address(*ip)]),
         _ => Some(Vec::new()),
     }

@@ -68,6 +68,10 @@ impl SyncOutcome {
 pub enum WakeOn {
     /// An address of this family in this pool.
     Pool(String, allocator::Family),
+    /// An address of this family in any unpinned automatic pool: they
+    /// serve every Service, so one that tried them waits on them all with
+    /// one key, not one per pool.
+    UnpinnedPool(allocator::Family),
     /// This address.
     Address(std::net::IpAddr),
 }
