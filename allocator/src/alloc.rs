@@ -604,6 +604,11 @@ pub struct Allocator {
     auto: AutoIndex,
     services: HashMap<Arc<str>, Held, FastHash>,
     addresses: HashMap<IpAddr, Holders, FastHash>,
+    /// Each address a holder left (or left and took again on other terms)
+    /// since [`Allocator::take_departures`], with its pool: where a Service
+    /// that may share could fit now, free or not, and where the holder a
+    /// refused Service's message names may have changed.
+    departures: BTreeSet<(Arc<str>, IpAddr)>,
     /// Search steps taken (entries, runs, holders and pools looked at):
     /// what cost tests count.
     steps: Cell<u64>,
@@ -1390,6 +1395,14 @@ impl Allocator {
         Some(held.holding())
     }
 
+    /// Where holders left addresses since the last call (see
+    /// `departures`), and forgets them: a change of holders or of a
+    /// holder's sharing terms is a release and a new hold, so this names
+    /// every place where the group on an address changed.
+    pub fn take_departures(&mut self) -> Vec<(Arc<str>, IpAddr)> {
+        std::mem::take(&mut self.departures).into_iter().collect()
+    }
+
     /// Takes `key` (whose holding was `held`) off `ip`, freeing it when no
     /// one else holds it.
     fn release_ip(&mut self, key: &Arc<str>, held: &Held, ip: IpAddr) {
@@ -1400,6 +1413,7 @@ impl Allocator {
             let still_held = holders.remove(key, held.ports(), held.tenancy());
             let (family, value) = to_int(ip);
             let pool = held.pool_of(ip);
+            self.departures.insert((Arc::clone(pool), ip));
             let Some(state) = self.pools.get_mut(pool) else {
                 if !still_held {
                     self.addresses.remove(&ip);

@@ -1689,6 +1689,13 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         expect: |n| expect_all(n / 4),
     },
     GrowthShape {
+        name: "sharing_waiters",
+        what: "one IPv4 pool filled by N/4 Services, N/4 that may share (each its own key) wait on it, N/4 IPv6 Services added to another pool and deleted",
+        exception: None,
+        stream: sharing_waiters_stream,
+        expect: |n| expect_all(n / 4),
+    },
+    GrowthShape {
         name: "add_delete_one",
         what: "N/2 Services, then one name added and deleted N/4 times",
         exception: None,
@@ -2224,6 +2231,47 @@ fn full_pools_stream(n: usize) -> Result<Vec<u8>> {
         plain_service(&mut out, i)?;
     }
     for i in 0..quarter {
+        service_delete_line(&mut out, &namespace_of(i), &format!("svc-{i}"))?;
+    }
+    Ok(out)
+}
+
+/// One IPv4 pool of N/4 addresses filled by N/4 Services, N/4 more that
+/// may share (each its own key, so each its own waiting class) and find it
+/// full, then N/4 IPv6 Services given addresses in a second pool and
+/// deleted: no delete frees anything the waiting could use, so none of them
+/// is woken (docs/allocation.md §4.9).
+fn sharing_waiters_stream(n: usize) -> Result<Vec<u8>> {
+    let quarter = n / 4;
+    let mut out = Vec::with_capacity(n * 250);
+    let last = v4(u32::try_from(quarter).unwrap_or(1).saturating_sub(1));
+    pool_line(&mut out, "ADDED", "full", &[&format!("{}-{last}", v4(0))])?;
+    pool_line(&mut out, "ADDED", "other", &[POOL_V6])?;
+    for i in 0..quarter {
+        plain_service(&mut out, i)?;
+    }
+    for i in quarter..2 * quarter {
+        service_line(
+            &mut out,
+            "ADDED",
+            (&namespace_of(i), &format!("svc-{i}")),
+            &format!(r#","annotations":{{"metallb.io/allow-shared-ip":"key-{i}"}}"#),
+            "",
+            PORT_80,
+        )?;
+    }
+    let v6 = 2 * quarter..3 * quarter;
+    for i in v6.clone() {
+        service_line(
+            &mut out,
+            "ADDED",
+            (&namespace_of(i), &format!("svc-{i}")),
+            "",
+            r#","ipFamilies":["IPv6"]"#,
+            PORT_80,
+        )?;
+    }
+    for i in v6 {
         service_delete_line(&mut out, &namespace_of(i), &format!("svc-{i}"))?;
     }
     Ok(out)

@@ -1389,3 +1389,71 @@ fn a_failed_clear_after_a_type_change_is_retried() {
         );
     }
 }
+
+/// Found by `skipping_settled_services_changes_nothing` (with failed
+/// writes): every delete wakes the waiting Services, and one whose write
+/// had failed then writes again at once; skipping those the delete could
+/// not serve left it to its retry, so its write came after another's.
+/// Every wake runs a waiting Service with a failed write
+/// (docs/allocation.md §4.6).
+#[test]
+fn a_wake_runs_a_waiting_service_whose_write_failed() {
+    let stream = [
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s3"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/loadBalancerIPs":"10.0.0.0"},"name":"s0"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s1"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s2"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{"name":"p0","namespace":"metallb-system"},"spec":{"addresses":["10.0.0.0/30"]}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s1"}},"type":"DELETED"}"#,
+        r#"{"type":"SYNCED"}"#,
+    ]
+    .join("\n");
+    let plan = FailurePlan::seeded(51_763_141_144_461_721, 30);
+    let options = checked().failures(plan);
+    let failing = replay(&stream, &options).unwrap();
+    let injected: Vec<&str> = failing
+        .trace
+        .iter()
+        .flat_map(|step| &step.writes)
+        .filter(|w| w.outcome == fake_watcher::WriteOutcome::Injected)
+        .map(|w| w.key.as_str())
+        .collect();
+    assert_eq!(
+        injected,
+        ["default/s3", "default/s0"],
+        "the plan no longer fails the writes this case is about"
+    );
+    same_either_way(&stream, &options).unwrap();
+}
+
+/// Found by `skipping_settled_services_changes_nothing`: a Service refused
+/// the address it asked for waited only for that address to be freed, so
+/// when the holder its Warning named left it to another holder, the new
+/// holder went unnamed until the address was free; reconciling everything
+/// named it at once. A holder leaving the address wakes it
+/// (docs/allocation.md §4.6).
+#[test]
+fn a_holder_leaving_a_requested_address_wakes_the_refused() {
+    let stream = [
+        r#"{"object":{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{"name":"p0","namespace":"metallb-system"},"spec":{"addresses":["10.0.0.2-10.0.0.5","fd00::/126"]}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/allow-shared-ip":"key0"},"name":"s3","namespace":"a"},"spec":{"ports":[{"port":443,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s1"},"spec":{"ipFamilyPolicy":"RequireDualStack","ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/loadBalancerIPs":"10.0.0.2,fd00::2"},"name":"s1"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/allow-shared-ip":"key0"},"name":"s0"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s3","namespace":"a"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+    ]
+    .join("\n");
+    same_either_way(&stream, &checked()).unwrap();
+    let output = replay(&stream, &checked()).unwrap();
+    let last = output
+        .result
+        .events
+        .iter()
+        .rev()
+        .find(|e| e.key == "default/s1")
+        .map(|e| e.message.as_str());
+    assert_eq!(
+        last,
+        Some("Failed to allocate IP for \"default/s1\": 10.0.0.2 cannot be used: it is in use by default/s0")
+    );
+}

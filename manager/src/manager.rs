@@ -348,7 +348,21 @@ impl State {
     /// such class (the others of a class follow only while those before
     /// them get addresses).
     fn wake(&mut self, freed: &[WakeOn], except: Option<&str>) {
-        for (since, key, class) in self.waiting.heads(freed) {
+        let mut heads = self.waiting.heads(freed);
+        // One whose last write failed would write again if run now, as
+        // running every waiting Service on every wake (docs/allocation.md
+        // §4.6) would do: so every wake runs it, not only its retry.
+        let retrying = self.retry_of.keys().filter_map(|key| match key {
+            QueueKey::Service(name) => {
+                let (since, class) = self.waiting.entries.get(name)?;
+                Some((*since, name.clone(), *class))
+            }
+            _ => None,
+        });
+        heads.extend(retrying.collect::<Vec<_>>());
+        heads.sort_unstable();
+        heads.dedup();
+        for (since, key, class) in heads {
             let busy = except == Some(key.as_str())
                 || self.woken.contains_key(&key)
                 || self.in_flight.as_ref().is_some_and(|k| k.name() == key)

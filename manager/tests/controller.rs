@@ -1684,6 +1684,42 @@ mod cost {
         }
         assert_eq!(h.status("ns/waits"), "10.0.0.0 @a");
     }
+
+    /// Services that may share, each with a key of its own, wait on a full
+    /// pool while Services of another Namespace take and free addresses
+    /// of a pool that serves only them: no such delete frees anything the
+    /// waiting could use, so none of them is woken (the old code
+    /// reconsidered each on every delete: N² in all). A holder that
+    /// changes its ports in place wakes no one (§4.6), but the next delete
+    /// that releases something wakes those that may fit now.
+    #[tokio::test(flavor = "current_thread")]
+    async fn sharing_services_wait_for_a_change_of_holders_not_for_any_delete() {
+        let other =
+            json!({"addresses": ["10.0.1.0/24"], "serviceAllocation": {"namespaces": ["other"]}});
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.1/32"])), ("b", other)]).await;
+        h.add(svc("ns/holder").shared("k").port(80)).await;
+        h.add(svc("ns/joiner").shared("k").port(80)).await;
+        for i in 0..N {
+            h.add(svc(&format!("ns/w{i}")).shared(&format!("k{i}")).port(80))
+                .await;
+        }
+        assert_eq!(h.waiting().len(), N + 1);
+        let before = work(&h);
+        for i in 0..N {
+            let key = format!("other/c{i}");
+            h.add(svc(&key)).await;
+            assert_eq!(h.status(&key), "10.0.1.0 @b");
+            h.delete(&key).await;
+        }
+        assert!(work(&h) - before <= 3 * N as u64, "{}", work(&h) - before);
+        h.edit("ns/holder", |s| s.port(81)).await;
+        assert_eq!(h.status("ns/joiner"), "none");
+        h.add(svc("other/x")).await;
+        assert_eq!(h.status("ns/joiner"), "none");
+        h.delete("other/x").await;
+        assert_eq!(h.status("ns/joiner"), "10.0.0.1 @a");
+        assert_eq!(h.waiting().len(), N);
+    }
 }
 
 /// docs/allocation.md §4.7: the `metallb.io/AddressAssigned` condition, one

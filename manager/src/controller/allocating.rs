@@ -492,6 +492,7 @@ impl AllocatingController {
             &decision.outcome,
             &changed,
         );
+        add_regrouped(&mut outcome, &mut state.allocator);
         if self.config.exhaustive {
             // Every waiting Service alone, woken by every release.
             outcome.waiting_class = None;
@@ -578,6 +579,7 @@ impl AllocatingController {
         let mut outcome = SyncOutcome::success();
         outcome.wake_waiting = released.is_some();
         outcome.freed = freed(&state.allocator, released.as_ref(), None);
+        add_regrouped(&mut outcome, &mut state.allocator);
         Plan {
             write,
             ..Plan::done(outcome)
@@ -716,9 +718,9 @@ fn created_of(
         .map(|t| t.0.as_nanosecond())
 }
 
-/// A deleted Service releases what it held; every delete wakes the waiting
-/// Services (§4.6) that what it freed may serve, and those any release may
-/// (§4.9).
+/// A deleted Service releases what it held; every delete, whether or not
+/// it held addresses, wakes the waiting Services (§4.6) that what it freed
+/// may serve, and those whose holders changed since the last wake (§4.9).
 fn plan_delete(state: &mut State, key: &str) -> Plan {
     let released = state.allocator.release(key);
     state.last_warning.remove(key);
@@ -726,6 +728,7 @@ fn plan_delete(state: &mut State, key: &str) -> Plan {
     let mut outcome = SyncOutcome::success();
     outcome.wake_waiting = true;
     outcome.freed = freed(&state.allocator, released.as_ref(), None);
+    add_regrouped(&mut outcome, &mut state.allocator);
     Plan::done(outcome)
 }
 
@@ -1011,6 +1014,29 @@ fn freed(
     freed
 }
 
+/// A wake also names the places where holders left addresses (or changed
+/// their sharing terms) since the last wake, for the waiting Services that
+/// may share. Such a change that released nothing wakes no one (§4.6), so
+/// it waits in the allocator for the next delete or release; one that
+/// does not wake leaves it there.
+fn add_regrouped(outcome: &mut SyncOutcome, allocator: &mut Allocator) {
+    if !outcome.wake_waiting {
+        return;
+    }
+    for (pool, ip) in allocator.take_departures() {
+        let family = Family::of(ip);
+        outcome.freed.push(WakeOn::Left(ip));
+        if allocator.is_unpinned_auto(&pool) {
+            outcome.freed.push(WakeOn::UnpinnedRegrouped(family));
+        }
+        outcome
+            .freed
+            .push(WakeOn::Regrouped(pool.to_string(), family));
+    }
+    outcome.freed.sort();
+    outcome.freed.dedup();
+}
+
 /// The Services a pool change may have touched: those it released, those
 /// holding addresses in the pools it changed, and those with a Warning,
 /// an announced clearing or an owed clear pending.
@@ -1113,15 +1139,15 @@ fn demand_class(error: &AllocError, request: &Request<'_>) -> Option<u64> {
 }
 
 /// What can end the wait of a Service whose allocation failed with
-/// `error` (see [`SyncOutcome::wake_on`]). A Service that may share can be
-/// served by a change of another holder's ports or key too, so any release
-/// wakes it; one that may not needs a free address: of its families in a
-/// pool it tried, or the address it asked for. A failure of the
-/// configuration alone waits for a pool or Namespace change.
+/// `error` (see [`SyncOutcome::wake_on`]). One that may not share needs a
+/// free address of its families in a pool it tried; one that may share
+/// can also fit where a holder left or changed its terms there (a new
+/// holder only narrows what fits). One refused the address it asked for
+/// waits for a holder to leave it: that may free it, let it share, or
+/// change the holder its message names. A failure of the configuration
+/// alone waits for a pool or Namespace change.
 fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<WakeOn>> {
-    if !request.sharing_key.is_empty() {
-        return None;
-    }
+    let sharing = !request.sharing_key.is_empty();
     let families: &[Family] = match request.families {
         FamilyPolicy::Single(family) => match family {
             Family::V4 => &[Family::V4],
@@ -1139,9 +1165,18 @@ fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<Wake
                 .unpinned
                 .iter()
                 .flat_map(|_| families.iter().map(|f| WakeOn::UnpinnedPool(*f)));
-            Some(named.chain(unpinned).collect())
+            let mut wake: Vec<WakeOn> = named.chain(unpinned).collect();
+            if sharing {
+                let regrouped = wake.iter().filter_map(|key| match key {
+                    WakeOn::Pool(pool, family) => Some(WakeOn::Regrouped(pool.clone(), *family)),
+                    WakeOn::UnpinnedPool(family) => Some(WakeOn::UnpinnedRegrouped(*family)),
+                    _ => None,
+                });
+                wake.extend(regrouped.collect::<Vec<_>>());
+            }
+            Some(wake)
         }
-        AllocError::Taken { ip, .. } => Some(vec![WakeOn::Address(*ip)]),
+        AllocError::Taken { ip, .. } => Some(vec![WakeOn::Address(*ip), WakeOn::Left(*ip)]),
         _ => Some(Vec::new()),
     }
 }

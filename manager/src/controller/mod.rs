@@ -74,6 +74,15 @@ pub enum WakeOn {
     UnpinnedPool(allocator::Family),
     /// This address.
     Address(std::net::IpAddr),
+    /// A holder left an address of this family in this pool, or changed
+    /// its sharing terms there: a Service that may share may fit on an
+    /// address that is still held.
+    Regrouped(String, allocator::Family),
+    /// The same in any unpinned automatic pool (as [`WakeOn::UnpinnedPool`]).
+    UnpinnedRegrouped(allocator::Family),
+    /// A holder left this address, which others may still hold: the
+    /// holder a refused Service's message names may be another now.
+    Left(std::net::IpAddr),
 }
 
 /// How a reconciliation ended.
