@@ -659,6 +659,12 @@ fn pool_line(out: &mut Vec<u8>, event: &str, name: &str, addresses: &[&str]) -> 
     Ok(())
 }
 
+/// A pool `name` of the first `size` addresses of the /12, as a range.
+fn first_addresses_pool(out: &mut Vec<u8>, name: &str, size: usize) -> Result<()> {
+    let last = v4(u32::try_from(size).unwrap_or(1).saturating_sub(1));
+    pool_line(out, "ADDED", name, &[&format!("{}-{last}", v4(0))])
+}
+
 /// An ADDED Service `svc-{i}` of the restart shape: one port; `held`: the
 /// address already in its status, with the pool annotation.
 fn restart_service_line(out: &mut Vec<u8>, i: usize, held: Option<Ipv4Addr>) -> Result<()> {
@@ -1268,10 +1274,8 @@ impl Rig {
 /// first `held` holding one address each in their status; synced and idle.
 async fn mass_delete_setup(scale: &MassDelete) -> Result<Rig> {
     let mut rig = Rig::start();
-    let held = u32::try_from(scale.held)?;
-    let last = v4(held.saturating_sub(1));
     let mut lines = Vec::new();
-    pool_line(&mut lines, "ADDED", "main", &[&format!("{}-{last}", v4(0))])?;
+    first_addresses_pool(&mut lines, "main", scale.held)?;
     for i in 0..scale.held + scale.waiting {
         let ip = (i < scale.held).then(|| v4(u32::try_from(i).unwrap_or(u32::MAX)));
         restart_service_line(&mut lines, i, ip)?;
@@ -1812,6 +1816,18 @@ fn plain_service(out: &mut Vec<u8>, i: usize) -> Result<()> {
     )
 }
 
+/// A single-stack Service `svc-{i}` with the sharing key `key`.
+fn sharing_service(out: &mut Vec<u8>, i: usize, key: &str, ports: &str) -> Result<()> {
+    service_line(
+        out,
+        "ADDED",
+        (&namespace_of(i), &format!("svc-{i}")),
+        &format!(r#","annotations":{{"metallb.io/allow-shared-ip":"{key}"}}"#),
+        "",
+        ports,
+    )
+}
+
 fn pool_with(out: &mut Vec<u8>, name: &str, spec: &str) -> Result<()> {
     writeln!(
         out,
@@ -2026,8 +2042,7 @@ fn entries_high_to_low_stream(n: usize) -> Result<Vec<u8>> {
 
 fn fill_pool_stream(n: usize) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(n * 200);
-    let last = v4(u32::try_from(n).unwrap_or(1).saturating_sub(1));
-    pool_line(&mut out, "ADDED", "main", &[&format!("{}-{last}", v4(0))])?;
+    first_addresses_pool(&mut out, "main", n)?;
     for i in 0..n {
         plain_service(&mut out, i)?;
     }
@@ -2103,12 +2118,10 @@ fn sharing_groups_stream(n: usize) -> Result<Vec<u8>> {
     for i in 0..n {
         let group = i / SHARING_GROUP;
         let port = 8000 + i % SHARING_GROUP;
-        service_line(
+        sharing_service(
             &mut out,
-            "ADDED",
-            (&namespace_of(i), &format!("svc-{i}")),
-            &format!(r#","annotations":{{"metallb.io/allow-shared-ip":"group-{group}"}}"#),
-            "",
+            i,
+            &format!("group-{group}"),
             &format!(r#"[{{"port":{port},"protocol":"TCP"}}]"#),
         )?;
     }
@@ -2200,8 +2213,7 @@ fn selectors_stream(n: usize) -> Result<Vec<u8>> {
 fn wakeups_stream(n: usize) -> Result<Vec<u8>> {
     let held = n / 2;
     let mut out = Vec::with_capacity(n * 200);
-    let last = v4(u32::try_from(held).unwrap_or(1).saturating_sub(1));
-    pool_line(&mut out, "ADDED", "main", &[&format!("{}-{last}", v4(0))])?;
+    first_addresses_pool(&mut out, "main", held)?;
     for i in 0..held + n / 4 {
         plain_service(&mut out, i)?;
     }
@@ -2244,21 +2256,13 @@ fn full_pools_stream(n: usize) -> Result<Vec<u8>> {
 fn sharing_waiters_stream(n: usize) -> Result<Vec<u8>> {
     let quarter = n / 4;
     let mut out = Vec::with_capacity(n * 250);
-    let last = v4(u32::try_from(quarter).unwrap_or(1).saturating_sub(1));
-    pool_line(&mut out, "ADDED", "full", &[&format!("{}-{last}", v4(0))])?;
+    first_addresses_pool(&mut out, "full", quarter)?;
     pool_line(&mut out, "ADDED", "other", &[POOL_V6])?;
     for i in 0..quarter {
         plain_service(&mut out, i)?;
     }
     for i in quarter..2 * quarter {
-        service_line(
-            &mut out,
-            "ADDED",
-            (&namespace_of(i), &format!("svc-{i}")),
-            &format!(r#","annotations":{{"metallb.io/allow-shared-ip":"key-{i}"}}"#),
-            "",
-            PORT_80,
-        )?;
+        sharing_service(&mut out, i, &format!("key-{i}"), PORT_80)?;
     }
     let v6 = 2 * quarter..3 * quarter;
     for i in v6.clone() {
