@@ -580,6 +580,15 @@ impl OpenSet {
     }
 }
 
+/// The addresses whose holders changed (see [`Allocator::take_regrouped`]).
+#[derive(Debug, Default)]
+pub struct Regrouped {
+    /// Each address a holder left, with its pool.
+    pub left: Vec<(Arc<str>, IpAddr)>,
+    /// Each address another holder joined.
+    pub joined: Vec<IpAddr>,
+}
+
 /// Pools, holdings and the allocation rules. Plain data: no I/O, no async,
 /// deterministic, and every method is total (no panic on any input).
 #[derive(Debug, Default)]
@@ -605,10 +614,13 @@ pub struct Allocator {
     services: HashMap<Arc<str>, Held, FastHash>,
     addresses: HashMap<IpAddr, Holders, FastHash>,
     /// Each address a holder left (or left and took again on other terms)
-    /// since [`Allocator::take_departures`], with its pool: where a Service
-    /// that may share could fit now, free or not, and where the holder a
-    /// refused Service's message names may have changed.
+    /// since [`Allocator::take_regrouped`], with its pool: where a Service
+    /// that may share could fit now, free or not.
     departures: BTreeSet<(Arc<str>, IpAddr)>,
+    /// Each address that got another holder since
+    /// [`Allocator::take_regrouped`]: with `departures`, where the holder
+    /// a refused Service's message names may have changed.
+    joins: BTreeSet<IpAddr>,
     /// Search steps taken (entries, runs, holders and pools looked at):
     /// what cost tests count.
     steps: Cell<u64>,
@@ -1395,12 +1407,15 @@ impl Allocator {
         Some(held.holding())
     }
 
-    /// Where holders left addresses since the last call (see
-    /// `departures`), and forgets them: a change of holders or of a
-    /// holder's sharing terms is a release and a new hold, so this names
-    /// every place where the group on an address changed.
-    pub fn take_departures(&mut self) -> Vec<(Arc<str>, IpAddr)> {
-        std::mem::take(&mut self.departures).into_iter().collect()
+    /// Where holders left addresses (with the pool) and where they joined
+    /// others on an address, since the last call, and forgets them: a
+    /// change of a holder's sharing terms is a release and a new hold, so
+    /// this names every address whose holders changed.
+    pub fn take_regrouped(&mut self) -> Regrouped {
+        Regrouped {
+            left: std::mem::take(&mut self.departures).into_iter().collect(),
+            joined: std::mem::take(&mut self.joins).into_iter().collect(),
+        }
     }
 
     /// Takes `key` (whose holding was `held`) off `ip`, freeing it when no
@@ -1462,6 +1477,7 @@ impl Allocator {
                         first.and_then(Held::tenancy),
                     );
                     holders.add(Arc::clone(&key), (held.ports(), held.tenancy()), first);
+                    self.joins.insert(ip);
                     false
                 }
                 None => {

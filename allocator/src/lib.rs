@@ -40,7 +40,7 @@ pub use pool_types::metallb as spec;
 pub use addr::{push_ip, Family};
 pub use alloc::{
     Allocator, CiliumCounts, Explanation, FamilyStats, Holding, PoolChange, PoolStats, PoolVerdict,
-    RejectedPool, Released, Step, Verdict,
+    Regrouped, RejectedPool, Released, Step, Verdict,
 };
 pub use count::{AddressCount, WideCount};
 pub use error::{AllocError, ShareConflict, Tried, UnpinnedTried};

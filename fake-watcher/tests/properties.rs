@@ -1457,3 +1457,48 @@ fn a_holder_leaving_a_requested_address_wakes_the_refused() {
         Some("Failed to allocate IP for \"default/s1\": 10.0.0.2 cannot be used: it is in use by default/s0")
     );
 }
+
+/// Found by `skipping_settled_services_changes_nothing`: a Service refused
+/// the address it asked for names a holder of it, and a Service that
+/// joins the holders may be the one named now; reconciling everything
+/// renamed it at the next delete, skipping did not. Every change of an
+/// address's holders is kept for the next wake (docs/allocation.md §4.6).
+#[test]
+fn a_holder_joining_a_requested_address_wakes_the_refused() {
+    let pool = r#"{"type":"ADDED","object":{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{"name":"p"},"spec":{"addresses":["10.0.0.0/30"]}}}"#;
+    let shared = |name: &str, port: u16| {
+        format!(
+            r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"{name}","namespace":"b","annotations":{{"metallb.io/allow-shared-ip":"k"}}}},"spec":{{"type":"LoadBalancer","ports":[{{"port":{port},"protocol":"TCP"}}]}}}}}}"#
+        )
+    };
+    let refused = r#"{"type":"ADDED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"x","namespace":"a","annotations":{"metallb.io/loadBalancerIPs":"10.0.0.0"}},"spec":{"type":"LoadBalancer","ports":[{"port":80,"protocol":"TCP"}]}}}"#;
+    let other = r#"{"type":"ADDED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"y","namespace":"c"},"spec":{"type":"LoadBalancer","ports":[{"port":80,"protocol":"TCP"}]}}}"#;
+    let delete = r#"{"type":"DELETED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"y","namespace":"c"}}}"#;
+    let stream = [
+        pool.to_owned(),
+        shared("z", 443),
+        refused.to_owned(),
+        shared("a", 80),
+        other.to_owned(),
+        delete.to_owned(),
+    ]
+    .join("\n");
+    same_either_way(&stream, &checked()).unwrap();
+    let output = replay(&stream, &checked()).unwrap();
+    let warnings: Vec<(u64, &str)> = output
+        .result
+        .events
+        .iter()
+        .filter(|e| e.key == "a/x")
+        .map(|e| (e.line, e.message.as_str()))
+        .collect();
+    let named = |holder: &str| {
+        format!(
+            "Failed to allocate IP for \"a/x\": 10.0.0.0 cannot be used: it is in use by {holder}"
+        )
+    };
+    assert_eq!(
+        warnings,
+        [(3, named("b/z").as_str()), (6, named("b/a").as_str())]
+    );
+}

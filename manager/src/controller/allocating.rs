@@ -1016,16 +1016,21 @@ fn freed(
 
 /// A wake also names the places where holders left addresses (or changed
 /// their sharing terms) since the last wake, for the waiting Services that
-/// may share. Such a change that released nothing wakes no one (§4.6), so
-/// it waits in the allocator for the next delete or release; one that
-/// does not wake leaves it there.
+/// may share, and every address whose holders changed, for those refused
+/// the address they asked for (their message names a holder). Such a
+/// change that released nothing wakes no one (§4.6), so it waits in the
+/// allocator for the next delete or release; one that does not wake
+/// leaves it there.
 fn add_regrouped(outcome: &mut SyncOutcome, allocator: &mut Allocator) {
     if !outcome.wake_waiting {
         return;
     }
-    for (pool, ip) in allocator.take_departures() {
+    let regrouped = allocator.take_regrouped();
+    let joined = regrouped.joined.into_iter().map(WakeOn::Holders);
+    outcome.freed.extend(joined);
+    for (pool, ip) in regrouped.left {
         let family = Family::of(ip);
-        outcome.freed.push(WakeOn::Left(ip));
+        outcome.freed.push(WakeOn::Holders(ip));
         if allocator.is_unpinned_auto(&pool) {
             outcome.freed.push(WakeOn::UnpinnedRegrouped(family));
         }
@@ -1143,8 +1148,8 @@ fn demand_class(error: &AllocError, request: &Request<'_>) -> Option<u64> {
 /// free address of its families in a pool it tried; one that may share
 /// can also fit where a holder left or changed its terms there (a new
 /// holder only narrows what fits). One refused the address it asked for
-/// waits for a holder to leave it: that may free it, let it share, or
-/// change the holder its message names. A failure of the configuration
+/// waits for its holders to change: one leaving may free it or let it
+/// share, and any change may change the holder its message names. A failure of the configuration
 /// alone waits for a pool or Namespace change.
 fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<WakeOn>> {
     let sharing = !request.sharing_key.is_empty();
@@ -1176,7 +1181,7 @@ fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<Wake
             }
             Some(wake)
         }
-        AllocError::Taken { ip, .. } => Some(vec![WakeOn::Address(*ip), WakeOn::Left(*ip)]),
+        AllocError::Taken { ip, .. } => Some(vec![WakeOn::Address(*ip), WakeOn::Holders(*ip)]),
         _ => Some(Vec::new()),
     }
 }

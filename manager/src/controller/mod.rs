@@ -80,9 +80,9 @@ pub enum WakeOn {
     Regrouped(String, allocator::Family),
     /// The same in any unpinned automatic pool (as [`WakeOn::UnpinnedPool`]).
     UnpinnedRegrouped(allocator::Family),
-    /// A holder left this address, which others may still hold: the
-    /// holder a refused Service's message names may be another now.
-    Left(std::net::IpAddr),
+    /// A holder left or joined this address: the holder a refused
+    /// Service's message names may be another now.
+    Holders(std::net::IpAddr),
 }
 
 /// How a reconciliation ended.
