@@ -1149,8 +1149,9 @@ fn demand_class(error: &AllocError, request: &Request<'_>) -> Option<u64> {
 /// can also fit where a holder left or changed its terms there (a new
 /// holder only narrows what fits). One refused the address it asked for
 /// waits for its holders to change: one leaving may free it or let it
-/// share, and any change may change the holder its message names. A failure of the configuration
-/// alone waits for a pool or Namespace change.
+/// share, and any change may change the holder its message names. A
+/// failure of the configuration alone waits for a pool or Namespace
+/// change.
 fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<WakeOn>> {
     let sharing = !request.sharing_key.is_empty();
     let families: &[Family] = match request.families {
