@@ -13,11 +13,11 @@ use pool_types::cilium::CiliumLoadBalancerIPPoolSpec;
 
 use crate::addr::{from_int, to_int, Family};
 use crate::count::{AddressCount, WideCount};
-use crate::error::{AllocError, ShareConflict, Tried, UnpinnedTried};
+use crate::error::{AllocError, PinnedTried, ShareConflict, Tried, UnpinnedTried};
 use crate::group::{GroupIndex, Rank};
 use crate::holders::{tenancies_agree, Holders, Tenancy};
 use crate::pinned::{Fact, Merge, PinnedIndex};
-use crate::pool::{AddrRange, Conflict, Pool, PoolError, PoolKind, Subject};
+use crate::pool::{AddrRange, Conflict, Pool, PoolError, PoolKind, Rules, Subject};
 use crate::request::{FamilyPolicy, Port, Request, SharingNamespaces, SharingRule};
 use crate::spec::IPAddressPoolSpec;
 use crate::used::UsedSet;
@@ -365,6 +365,8 @@ struct PoolState {
     /// What it requires of a Service, if pinned and the rules tell
     /// (see [`Pool::guard`]).
     guard: Option<BTreeSet<Fact>>,
+    /// Its rules, if it is pinned.
+    rules: Option<Arc<Rules>>,
 }
 
 impl PoolState {
@@ -378,12 +380,14 @@ impl PoolState {
         let auto = (pool.auto_assign && !pool.disabled)
             .then(|| (!pool.is_pinned(), pool.priority_rank(), Arc::clone(&name)));
         let guard = pool.guard();
+        let rules = pool.rules().map(Arc::new);
         Self {
             pool,
             name,
             families,
             auto,
             guard,
+            rules,
         }
     }
 
@@ -501,7 +505,7 @@ fn namespaces_agree(request: &Request<'_>, admits: Option<&[Box<str>]>, holder: 
 #[derive(Debug, Default)]
 struct AutoIndex {
     /// Every pool with autoAssign.
-    all: OpenSet,
+    all: AllAuto,
     /// Those with a free address of IPv4, of IPv6.
     open: [OpenSet; 2],
     /// Those with a free address of both families.
@@ -578,6 +582,104 @@ impl OpenSet {
             self.pinned.candidates(subject)
         }
     }
+}
+
+/// Every automatic pool, full or not: what a failure names. Pinned pools
+/// with equal rules serve the same Services, so they are kept together
+/// and the groups are indexed by what they require of a Service: a
+/// failure costs the groups that may serve it, not their pools
+/// (docs/allocation.md §4.9).
+#[derive(Debug, Default)]
+struct AllAuto {
+    pinned: HashMap<Arc<Rules>, RulesGroup, FastHash>,
+    index: PinnedIndex<Arc<Rules>>,
+    unpinned: BTreeSet<AutoKey>,
+}
+
+/// The automatic pools of one set of rules.
+#[derive(Debug)]
+struct RulesGroup {
+    pools: BTreeSet<AutoKey>,
+    fingerprint: u64,
+}
+
+impl AllAuto {
+    fn insert(
+        &mut self,
+        key: &AutoKey,
+        guard: Option<&BTreeSet<Fact>>,
+        rules: Option<&Arc<Rules>>,
+    ) {
+        let Some(rules) = rules.filter(|_| !key.0) else {
+            self.unpinned.insert(key.clone());
+            return;
+        };
+        let group = self
+            .pinned
+            .entry(Arc::clone(rules))
+            .or_insert_with(|| RulesGroup {
+                pools: BTreeSet::new(),
+                fingerprint: rules.fingerprint(),
+            });
+        if group.pools.is_empty() {
+            self.index.insert(rules, guard);
+        }
+        group.pools.insert(key.clone());
+    }
+
+    fn remove(
+        &mut self,
+        key: &AutoKey,
+        guard: Option<&BTreeSet<Fact>>,
+        rules: Option<&Arc<Rules>>,
+    ) {
+        let Some(rules) = rules.filter(|_| !key.0) else {
+            self.unpinned.remove(key);
+            return;
+        };
+        let Some(group) = self.pinned.get_mut(rules) else {
+            return;
+        };
+        group.pools.remove(key);
+        if group.pools.is_empty() {
+            self.pinned.remove(rules);
+            self.index.remove(rules, guard);
+        }
+    }
+
+    /// The groups of pinned pools that serve `subject`, in the index's
+    /// order, each counted by `step`. `every_pinned` (tests): found by a
+    /// walk over every group.
+    fn serving(
+        &self,
+        subject: &Subject<'_>,
+        every_pinned: bool,
+        step: impl Fn(),
+    ) -> Vec<&RulesGroup> {
+        let candidates = if every_pinned {
+            Merge::new(vec![self.index.all()])
+        } else {
+            self.index.candidates(subject)
+        };
+        candidates
+            .filter(|rules| {
+                step();
+                rules.serves(subject)
+            })
+            .filter_map(|rules| self.pinned.get(rules))
+            .collect()
+    }
+}
+
+/// What kind of automatic pool a pool is, for the waiting Services that
+/// tried a kind as a whole ([`Tried`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AutoGroup {
+    /// Without serviceAllocation or serviceSelector: it serves every
+    /// Service.
+    Unpinned,
+    /// Pinned, with the rules of this fingerprint ([`PinnedTried::rules`]).
+    Pinned(u64),
 }
 
 /// The addresses whose holders changed (see [`Allocator::take_regrouped`]).
@@ -810,14 +912,17 @@ impl Allocator {
         false
     }
 
-    /// Whether `pool` is an accepted automatic pool without
-    /// serviceAllocation or serviceSelector: one that every Service may
-    /// get addresses from, tried after the pinned ones.
-    pub fn is_unpinned_auto(&self, pool: &str) -> bool {
-        self.pools
-            .get(pool)
-            .and_then(|state| state.auto.as_ref())
-            .is_some_and(|(unpinned, _, _)| *unpinned)
+    /// Which group of automatic pools `pool` is in, if it is an accepted
+    /// automatic pool.
+    pub fn auto_group(&self, pool: &str) -> Option<AutoGroup> {
+        let state = self.pools.get(pool)?;
+        let (unpinned, _, _) = state.auto.as_ref()?;
+        if *unpinned {
+            return Some(AutoGroup::Unpinned);
+        }
+        let rules = state.rules.as_ref()?;
+        let group = self.auto.all.pinned.get(rules)?;
+        Some(AutoGroup::Pinned(group.fingerprint))
     }
 
     fn walks_every_pinned(&self) -> bool {
@@ -912,7 +1017,7 @@ impl Allocator {
         }
         if let Some(key) = &state.auto {
             let guard = state.guard.as_ref();
-            self.auto.all.remove(key, guard);
+            self.auto.all.remove(key, guard, state.rules.as_ref());
             self.auto.open_both.remove(key, guard);
             for family in FAMILIES {
                 let i = family.index();
@@ -944,7 +1049,7 @@ impl Allocator {
         }
         if let Some(key) = &state.auto {
             let guard = state.guard.as_ref();
-            self.auto.all.insert(key, guard);
+            self.auto.all.insert(key, guard, state.rules.as_ref());
             for family in FAMILIES {
                 if state.is_open(family) {
                     if let Some(open) = self.auto.open.get_mut(family.index()) {
@@ -1984,15 +2089,16 @@ impl Allocator {
     /// so what a waiting one waits on. The pinned pools come from their
     /// index, as in [`Allocator::allocate`].
     pub fn cilium_candidates(&self, request: &Request<'_>, family: Family) -> Vec<String> {
-        self.auto
-            .all
-            .candidates(&request.subject, self.walks_every_pinned())
+        let all = &self.auto.all;
+        let serving = all.serving(&request.subject, self.walks_every_pinned(), || {
+            self.step(1);
+        });
+        Merge::new(serving.iter().map(|group| &group.pools).collect())
+            .chain(all.unpinned.iter())
             .filter_map(|key| self.pools.get(&key.2))
             .filter(|state| {
                 self.step(1);
-                state.pool.kind == PoolKind::CiliumLoadBalancerIPPool
-                    && state.has_family(family)
-                    && state.pool.serves(&request.subject)
+                state.pool.kind == PoolKind::CiliumLoadBalancerIPPool && state.has_family(family)
             })
             .map(|state| state.name.to_string())
             .collect()
@@ -2067,20 +2173,26 @@ impl Allocator {
                 }
             }
         }
-        // No pool fits: the failure names the pinned pools that serve it
-        // (by the index) and counts the unpinned ones, which serve every
-        // Service: a failure costs nothing per unpinned pool (§4.9).
+        // No pool fits: the failure counts the pinned pools that serve it
+        // by their rules (found by the index) and the unpinned ones, which
+        // serve every Service, and names the first of them: it costs
+        // nothing per pool (§4.9).
         let all = &self.auto.all;
-        let named: Vec<String> = all
-            .pinned_candidates(&request.subject, self.walks_every_pinned())
-            .filter(|(_, _, name)| {
-                self.step(1);
-                self.pools
-                    .get(name)
-                    .is_some_and(|s| s.pool.serves(&request.subject))
+        let serving = all.serving(&request.subject, self.walks_every_pinned(), || {
+            self.step(1);
+        });
+        let pinned = (!serving.is_empty()).then(|| {
+            let first: Vec<String> = Merge::new(serving.iter().map(|group| &group.pools).collect())
+                .take(Tried::LISTED)
+                .map(|(_, _, name)| name.to_string())
+                .collect();
+            self.step(u64::try_from(first.len()).unwrap_or(u64::MAX));
+            Box::new(PinnedTried {
+                first,
+                count: serving.iter().map(|group| group.pools.len()).sum(),
+                rules: serving.iter().map(|group| group.fingerprint).collect(),
             })
-            .map(|(_, _, name)| name.to_string())
-            .collect();
+        });
         let unpinned = (!all.unpinned.is_empty()).then(|| {
             let first: Vec<String> = all
                 .unpinned
@@ -2094,7 +2206,11 @@ impl Allocator {
                 count: all.unpinned.len(),
             }
         });
-        let tried = Tried { named, unpinned };
+        let tried = Tried {
+            named: Vec::new(),
+            pinned,
+            unpinned,
+        };
         if tried.count() == 0 {
             return Err(AllocError::NoPool);
         }
@@ -2232,7 +2348,7 @@ impl Allocator {
         }
         let tried = Tried {
             named: candidates.iter().map(|name| name.to_string()).collect(),
-            unpinned: None,
+            ..Tried::default()
         };
         Err(self.no_fit(request, tried))
     }

@@ -93,21 +93,36 @@ pub enum AllocError {
     NoFamilyInPool { pool: String, family: Family },
 }
 
-/// The pools a failed allocation tried, in the order tried. The unpinned
-/// automatic pools serve every Service, so a failure that tried them tried
-/// all of them: it keeps their number and first names, not a list as long
-/// as the cluster's pools (docs/allocation.md §4.9).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The pools a failed allocation tried, in the order tried. A failure
+/// that tried the unpinned automatic pools tried all of them, and one that
+/// tried the pinned pools of some rules tried every pool with those rules:
+/// it keeps their number and first names, not a list as long as the
+/// cluster's pools (docs/allocation.md §4.9).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Tried {
-    /// The pools tried one by one: the requested pool, or the pinned pools
-    /// that serve the Service.
+    /// The pools tried one by one: the requested pool.
     pub named: Vec<String>,
-    /// The unpinned automatic pools, tried after `named`.
+    /// The pinned automatic pools that serve the Service, tried after
+    /// `named` (boxed: most failures have none, and an error stays small).
+    pub pinned: Option<Box<PinnedTried>>,
+    /// The unpinned automatic pools, tried last.
     pub unpinned: Option<UnpinnedTried>,
 }
 
+/// Every pinned automatic pool that serves a Service, tried in order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PinnedTried {
+    /// The first of them, at most [`Tried::LISTED`].
+    pub first: Vec<String>,
+    /// How many there are.
+    pub count: usize,
+    /// Their rules, each as a fingerprint ([`crate::AutoGroup::Pinned`]):
+    /// a free address in any pool with one of them may serve the Service.
+    pub rules: Vec<u64>,
+}
+
 /// Every unpinned automatic pool, tried in order.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct UnpinnedTried {
     /// The first of them, at most [`Tried::LISTED`].
     pub first: Vec<String>,
@@ -123,26 +138,29 @@ impl Tried {
     pub fn count(&self) -> usize {
         self.named
             .len()
+            .saturating_add(self.pinned.as_ref().map_or(0, |p| p.count))
             .saturating_add(self.unpinned.as_ref().map_or(0, |u| u.count))
     }
 
     /// The one pool tried, if only one was.
     pub fn only(&self) -> Option<&str> {
-        let first = self
-            .named
-            .first()
-            .or_else(|| self.unpinned.as_ref()?.first.first());
+        let first = self.listed().next();
         (self.count() == 1).then_some(first?.as_str())
+    }
+
+    /// The names known, in the order tried.
+    fn listed(&self) -> impl Iterator<Item = &String> {
+        let pinned = self.pinned.iter().flat_map(|p| &p.first);
+        let unpinned = self.unpinned.iter().flat_map(|u| &u.first);
+        self.named.iter().chain(pinned).chain(unpinned)
     }
 }
 
 /// `a, b, c`, or past [`Tried::LISTED`] names `a, b, … j and 12 more`.
 impl fmt::Display for Tried {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let unpinned = self.unpinned.iter().flat_map(|u| &u.first);
-        let listed = self.named.iter().chain(unpinned).take(Self::LISTED);
         let mut shown = 0_usize;
-        for name in listed {
+        for name in self.listed().take(Self::LISTED) {
             if shown > 0 {
                 f.write_str(", ")?;
             }
@@ -174,7 +192,12 @@ mod tests {
     #[test]
     fn the_pools_tried_are_listed_up_to_ten_then_counted() {
         let few = Tried {
-            named: names(&["pinned"]),
+            named: Vec::new(),
+            pinned: Some(Box::new(PinnedTried {
+                first: names(&["pinned"]),
+                count: 1,
+                rules: vec![7],
+            })),
             unpinned: Some(UnpinnedTried {
                 first: names(&["a", "b"]),
                 count: 2,
@@ -183,19 +206,25 @@ mod tests {
         assert_eq!(few.to_string(), "pinned, a, b");
         assert_eq!(few.only(), None);
         let many = Tried {
-            named: names(&["x", "y"]),
+            named: Vec::new(),
+            pinned: Some(Box::new(PinnedTried {
+                first: names(&["x", "y", "z"]),
+                count: 40,
+                rules: vec![1, 2],
+            })),
             unpinned: Some(UnpinnedTried {
                 first: names(&["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]),
                 count: 500,
             }),
         };
-        assert_eq!(many.count(), 502);
+        assert_eq!(many.count(), 540);
         assert_eq!(
             many.to_string(),
-            "x, y, a, b, c, d, e, f, g, h and 492 more"
+            "x, y, z, a, b, c, d, e, f, g and 530 more"
         );
         let one = Tried {
             named: Vec::new(),
+            pinned: None,
             unpinned: Some(UnpinnedTried {
                 first: names(&["only"]),
                 count: 1,
@@ -203,5 +232,10 @@ mod tests {
         };
         assert_eq!(one.only(), Some("only"));
         assert_eq!(one.to_string(), "only");
+        let requested = Tried {
+            named: names(&["asked"]),
+            ..Tried::default()
+        };
+        assert_eq!(requested.only(), Some("asked"));
     }
 }

@@ -39,11 +39,11 @@ pub use pool_types::metallb as spec;
 
 pub use addr::{push_ip, Family};
 pub use alloc::{
-    Allocator, CiliumCounts, Explanation, FamilyStats, Holding, PoolChange, PoolStats, PoolVerdict,
-    Regrouped, RejectedPool, Released, Step, Verdict,
+    Allocator, AutoGroup, CiliumCounts, Explanation, FamilyStats, Holding, PoolChange, PoolStats,
+    PoolVerdict, Regrouped, RejectedPool, Released, Step, Verdict,
 };
 pub use count::{AddressCount, WideCount};
-pub use error::{AllocError, ShareConflict, Tried, UnpinnedTried};
+pub use error::{AllocError, PinnedTried, ShareConflict, Tried, UnpinnedTried};
 pub use pool::{
     parse_entry, AddrRange, Conflict, Pool, PoolError, PoolKind, ServiceAllocation, Subject,
     Unserved, SERVICE_NAMESPACE_LABEL, SERVICE_NAME_LABEL,

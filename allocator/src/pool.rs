@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -249,7 +250,7 @@ pub enum PoolError {
 }
 
 /// The Services a pinned pool serves (`spec.serviceAllocation`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceAllocation {
     /// 1 is the highest; `None` (0 or unset) the lowest.
     pub priority: Option<u64>,
@@ -269,6 +270,49 @@ pub struct Subject<'a> {
     pub labels: &'a BTreeMap<String, String>,
     /// Its Namespace's labels (empty when the Namespace is unknown).
     pub namespace_labels: &'a BTreeMap<String, String>,
+}
+
+/// What a pinned pool requires of a Service, its priority aside: pinned
+/// pools with equal rules serve the same Services, so a Service that finds
+/// them all full counts them as one (docs/allocation.md §4.9).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Rules {
+    allocation: Option<ServiceAllocation>,
+    selector: Option<Selector>,
+}
+
+impl Rules {
+    pub(crate) fn serves(&self, subject: &Subject<'_>) -> bool {
+        unserved(self.selector.as_ref(), self.allocation.as_ref(), subject).is_none()
+    }
+
+    /// A hash of the rules that is the same in every run (what a waiting
+    /// Service waits on).
+    pub(crate) fn fingerprint(&self) -> u64 {
+        let mut hasher = std::hash::DefaultHasher::new();
+        self.hash(&mut hasher);
+        hasher.finish()
+    }
+}
+
+/// The first rule of a pool (its Cilium `selector` or its MetalLB
+/// `allocation`) that leaves `subject` out, if any.
+fn unserved(
+    selector: Option<&Selector>,
+    allocation: Option<&ServiceAllocation>,
+    subject: &Subject<'_>,
+) -> Option<Unserved> {
+    if let Some(selector) = selector {
+        // Cilium's extended labels: the pseudo-labels overwrite real
+        // labels of the same key (docs/cilium.md §2.4).
+        let matched = selector.matches_with(|key| match key {
+            SERVICE_NAME_LABEL => Some(subject.name),
+            SERVICE_NAMESPACE_LABEL => Some(subject.namespace),
+            _ => subject.labels.get(key).map(String::as_str),
+        });
+        return (!matched).then_some(Unserved::ServiceSelector);
+    }
+    allocation.and_then(|allocation| allocation.unserved(subject))
 }
 
 /// Which rule of a pinned pool leaves a Service out (for `explain`).
@@ -484,19 +528,18 @@ impl Pool {
 
     /// Why the pool may not give addresses to `subject`, if it may not.
     pub fn unserved(&self, subject: &Subject<'_>) -> Option<Unserved> {
-        if let Some(selector) = &self.selector {
-            // Cilium's extended labels: the pseudo-labels overwrite real
-            // labels of the same key (docs/cilium.md §2.4).
-            let matched = selector.matches_with(|key| match key {
-                SERVICE_NAME_LABEL => Some(subject.name),
-                SERVICE_NAMESPACE_LABEL => Some(subject.namespace),
-                _ => subject.labels.get(key).map(String::as_str),
-            });
-            return (!matched).then_some(Unserved::ServiceSelector);
-        }
-        self.allocation
-            .as_ref()
-            .and_then(|allocation| allocation.unserved(subject))
+        unserved(self.selector.as_ref(), self.allocation.as_ref(), subject)
+    }
+
+    /// What it requires of a Service, if it is pinned.
+    pub(crate) fn rules(&self) -> Option<Rules> {
+        self.is_pinned().then(|| Rules {
+            allocation: self.allocation.clone().map(|allocation| ServiceAllocation {
+                priority: None,
+                ..allocation
+            }),
+            selector: self.selector.clone(),
+        })
     }
 
     /// What a pinned pool requires: facts of which a Service it serves has

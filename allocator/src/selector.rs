@@ -6,12 +6,12 @@ use std::fmt;
 use crate::spec::LabelSelectorSpec;
 
 /// A validated label selector.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Selector {
     requirements: Vec<Requirement>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Requirement {
     Equals(String, String),
     In(String, BTreeSet<String>),

@@ -43,6 +43,16 @@ struct Svc {
     addresses: Vec<IpAddr>,
 }
 
+impl Allocator {
+    /// The fingerprint of the rules of the pinned automatic pool `pool`.
+    fn rules_of(&self, pool: &str) -> u64 {
+        match self.auto_group(pool) {
+            Some(AutoGroup::Pinned(rules)) => rules,
+            other => panic!("{pool} is {other:?}"),
+        }
+    }
+}
+
 fn svc(key: &str) -> Svc {
     Svc {
         key: key.to_owned(),
@@ -1295,7 +1305,7 @@ mod cost {
             let Err(AllocError::NoAvailable { tried, .. }) = &refused else {
                 panic!("{refused:?}");
             };
-            assert!(tried.named.is_empty());
+            assert!(tried.named.is_empty() && tried.pinned.is_none());
             let unpinned = tried.unpinned.as_ref().unwrap();
             assert_eq!(unpinned.count, P as usize);
             assert_eq!(unpinned.first.len(), Tried::LISTED);
@@ -1339,8 +1349,12 @@ mod cost {
                 Err(AllocError::NoAvailable {
                     needed: "an IPv4 address".to_owned(),
                     tried: Tried {
-                        named: vec![format!("p{p:05}")],
-                        unpinned: None,
+                        pinned: Some(Box::new(PinnedTried {
+                            first: vec![format!("p{p:05}")],
+                            count: 1,
+                            rules: vec![a.rules_of(&format!("p{p:05}"))],
+                        })),
+                        ..Tried::default()
                     },
                 })
             );
@@ -1349,6 +1363,83 @@ mod cost {
         }
         let steps = a.steps() - before;
         assert!(steps <= u64::from(P) * 4, "{steps} steps");
+    }
+
+    /// P pools of one address each, all pinned to one namespace (half by
+    /// `namespaces`, half by a selector of its labels) and full: a Service
+    /// there that finds no room counts the pools by their two rules, and
+    /// names the first ten, without a walk over them. Naming every pool took
+    /// P steps per failure.
+    #[test]
+    fn a_service_that_many_pinned_pools_refuse_fails_without_a_walk() {
+        const P: u32 = 2000;
+        let mut a = Allocator::new();
+        let team: BTreeMap<String, String> = [("team".to_owned(), "a".to_owned())].into();
+        for p in 0..P {
+            let allocation = if p % 2 == 0 {
+                ServiceAllocationSpec {
+                    namespaces: vec!["a".to_owned()],
+                    ..Default::default()
+                }
+            } else {
+                ServiceAllocationSpec {
+                    namespace_selectors: vec![LabelSelectorSpec {
+                        match_labels: team.clone(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }
+            };
+            let spec = IPAddressPoolSpec {
+                service_allocation: Some(allocation),
+                ..pool_spec(&[&v4(p)])
+            };
+            a.set_pool(&format!("p{p:05}"), &spec);
+        }
+        let in_a = |name: &str| {
+            let mut service = svc(&format!("a/{name}"));
+            service.namespace_labels = team.clone();
+            service
+        };
+        for p in 0..P {
+            a.allocate(&in_a(&format!("first-{p}")).req()).unwrap();
+        }
+        let rules = [a.rules_of("p00000"), a.rules_of("p00001")];
+        assert_ne!(rules[0], rules[1]);
+        let before = a.steps();
+        for p in 0..P {
+            let refused = a.allocate(&in_a(&format!("second-{p}")).req());
+            let Err(AllocError::NoAvailable { tried, .. }) = &refused else {
+                panic!("{refused:?}");
+            };
+            let pinned = tried.pinned.as_ref().unwrap();
+            assert_eq!(pinned.count, P as usize);
+            let mut found = pinned.rules.clone();
+            found.sort_unstable();
+            let mut expected = rules.to_vec();
+            expected.sort_unstable();
+            assert_eq!(found, expected);
+            assert_eq!(pinned.first.len(), Tried::LISTED);
+        }
+        let steps = a.steps() - before;
+        assert!(steps <= u64::from(P) * 16, "{steps} steps");
+        let refused = a.allocate(&in_a("last").req()).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "no available IPs: no pool has an IPv4 address free (tried p00000, p00001, \
+             p00002, p00003, p00004, p00005, p00006, p00007, p00008, p00009 and 1990 more)"
+        );
+        // One pool of a rule gone: the rest of that rule are counted still.
+        a.remove_pool("p00000");
+        let refused = a.allocate(&in_a("after").req()).unwrap_err();
+        let AllocError::NoAvailable { tried, .. } = &refused else {
+            panic!("{refused:?}");
+        };
+        assert_eq!(tried.count(), P as usize - 1);
+        assert_eq!(
+            tried.pinned.as_ref().unwrap().first.first().unwrap(),
+            "p00001"
+        );
     }
 
     #[test]

@@ -1689,7 +1689,14 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         name: "full_pools",
         what: "N/4 pools of one address, N/4 Services fill them, N/4 wait (each tried every pool), N/4 deletes (each wakes the waiting)",
         exception: None,
-        stream: full_pools_stream,
+        stream: |n| full_pools_stream(n, false),
+        expect: |n| expect_all(n / 4),
+    },
+    GrowthShape {
+        name: "pinned_full_pools",
+        what: "full_pools with every pool pinned to the Services' one namespace",
+        exception: None,
+        stream: |n| full_pools_stream(n, true),
         expect: |n| expect_all(n / 4),
     },
     GrowthShape {
@@ -2226,24 +2233,46 @@ fn wakeups_stream(n: usize) -> Result<Vec<u8>> {
 
 /// N/4 pools of one address each, N/4 Services that fill them, N/4 that
 /// find them all full and wait, then the first N/4 deleted: each delete
-/// frees one address, which the longest waiting takes.
-fn full_pools_stream(n: usize) -> Result<Vec<u8>> {
+/// frees one address, which the longest waiting takes. `pinned`: every
+/// pool is pinned to the one namespace of every Service, by the same rule.
+fn full_pools_stream(n: usize, pinned: bool) -> Result<Vec<u8>> {
     let quarter = n / 4;
     let mut out = Vec::with_capacity(n * 200);
+    let namespace = |i: usize| {
+        if pinned {
+            "team".to_owned()
+        } else {
+            namespace_of(i)
+        }
+    };
     for i in 0..quarter {
         let offset = u32::try_from(i).unwrap_or(u32::MAX);
-        pool_line(
-            &mut out,
-            "ADDED",
-            &format!("pool-{i:07}"),
-            &[&format!("{}/32", v4(offset))],
-        )?;
+        let address = format!("{}/32", v4(offset));
+        let name = format!("pool-{i:07}");
+        if pinned {
+            pool_with(
+                &mut out,
+                &name,
+                &format!(
+                    r#"{{"addresses":["{address}"],"serviceAllocation":{{"namespaces":["team"]}}}}"#
+                ),
+            )?;
+        } else {
+            pool_line(&mut out, "ADDED", &name, &[&address])?;
+        }
     }
     for i in 0..2 * quarter {
-        plain_service(&mut out, i)?;
+        service_line(
+            &mut out,
+            "ADDED",
+            (&namespace(i), &format!("svc-{i}")),
+            "",
+            "",
+            PORT_80,
+        )?;
     }
     for i in 0..quarter {
-        service_delete_line(&mut out, &namespace_of(i), &format!("svc-{i}"))?;
+        service_delete_line(&mut out, &namespace(i), &format!("svc-{i}"))?;
     }
     Ok(out)
 }

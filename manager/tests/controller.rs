@@ -926,6 +926,36 @@ mod s4_6_changes {
         assert_eq!(h.status("ns/w"), "10.0.1.1 @b");
     }
 
+    // §4.9: a Service that tried pinned pools waits on their rules (one
+    // key per rules and family), woken by a delete in any pool with those
+    // rules and not by one in a pool pinned otherwise.
+    #[tokio::test]
+    async fn a_delete_in_a_pinned_pool_wakes_those_that_tried_its_rules() {
+        let to = |namespace: &str, ip: &str| json!({"addresses": [ip], "serviceAllocation": {"namespaces": [namespace]}});
+        let h = Harness::with_pools(&[
+            ("p1", to("other", "10.0.1.1")),
+            ("p2", to("other", "10.0.2.1")),
+            ("q", to("third", "10.0.3.1")),
+        ])
+        .await;
+        h.add(svc("other/h1")).await;
+        h.add(svc("other/h2")).await;
+        h.add(svc("third/hq")).await;
+        h.add(svc("other/w")).await;
+        h.add(svc("third/wq")).await;
+        assert_eq!(h.status("other/h2"), "10.0.2.1 @p2");
+        assert_eq!(h.waiting(), ["other/w", "third/wq"]);
+        let before = h.reconciliations();
+        h.delete("other/h2").await;
+        assert_eq!(h.reconciliations() - before, 2);
+        assert_eq!(h.status("other/w"), "10.0.2.1 @p2");
+        assert_eq!(h.waiting(), ["third/wq"]);
+        let before = h.reconciliations();
+        h.delete("third/hq").await;
+        assert_eq!(h.reconciliations() - before, 2);
+        assert_eq!(h.status("third/wq"), "10.0.3.1 @q");
+    }
+
     #[tokio::test]
     async fn releasing_an_address_by_moving_wakes_the_waiting() {
         let h = Harness::with_pools(&[

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use allocator::{
-    AllocError, Allocator, Family, FamilyPolicy, Holding as AllocatorHolding, PoolChange, PoolKind,
-    Port, Request, SharingNamespaces,
+    AllocError, Allocator, AutoGroup, Family, FamilyPolicy, Holding as AllocatorHolding,
+    PoolChange, PoolKind, Port, Request, SharingNamespaces,
 };
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -1004,8 +1004,10 @@ fn freed(
         }
         let (pool, family) = (before.pool_of(*ip), Family::of(*ip));
         freed.push(WakeOn::Address(*ip));
-        if allocator.is_unpinned_auto(pool) {
-            freed.push(WakeOn::UnpinnedPool(family));
+        match allocator.auto_group(pool) {
+            Some(AutoGroup::Unpinned) => freed.push(WakeOn::UnpinnedPool(family)),
+            Some(AutoGroup::Pinned(rules)) => freed.push(WakeOn::PinnedPool(rules, family)),
+            None => {}
         }
         freed.push(WakeOn::Pool(pool.to_owned(), family));
     }
@@ -1031,8 +1033,12 @@ fn add_regrouped(outcome: &mut SyncOutcome, allocator: &mut Allocator) {
     for (pool, ip) in regrouped.left {
         let family = Family::of(ip);
         outcome.freed.push(WakeOn::Holders(ip));
-        if allocator.is_unpinned_auto(&pool) {
-            outcome.freed.push(WakeOn::UnpinnedRegrouped(family));
+        match allocator.auto_group(&pool) {
+            Some(AutoGroup::Unpinned) => outcome.freed.push(WakeOn::UnpinnedRegrouped(family)),
+            Some(AutoGroup::Pinned(rules)) => {
+                outcome.freed.push(WakeOn::PinnedRegrouped(rules, family));
+            }
+            None => {}
         }
         outcome
             .freed
@@ -1122,15 +1128,17 @@ fn demand_class(error: &AllocError, request: &Request<'_>) -> Option<u64> {
     };
     // The message names the pools tried: the candidates the Service's
     // namespace and labels select. Past a few it counts them, so the class
-    // holds the pools themselves: the pinned ones each, the unpinned
-    // (which every Service tries alike) as one.
+    // holds what was tried: the rules of the pinned pools and their count
+    // and first names, and whether the unpinned (which every Service tries
+    // alike) were.
     let failure = match error {
         AllocError::NoAvailable { needed, tried } => (
             needed.clone(),
             tried.named.clone(),
+            tried.pinned.clone(),
             tried.unpinned.is_some(),
         ),
-        _ => (error.to_string(), Vec::new(), false),
+        _ => (error.to_string(), Vec::new(), None, false),
     };
     Some(class_of(&(
         failure,
@@ -1167,14 +1175,22 @@ fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<Wake
                 .named
                 .iter()
                 .flat_map(|pool| families.iter().map(|f| WakeOn::Pool(pool.clone(), *f)));
+            let pinned = tried
+                .pinned
+                .iter()
+                .flat_map(|pinned| &pinned.rules)
+                .flat_map(|rules| families.iter().map(|f| WakeOn::PinnedPool(*rules, *f)));
             let unpinned = tried
                 .unpinned
                 .iter()
                 .flat_map(|_| families.iter().map(|f| WakeOn::UnpinnedPool(*f)));
-            let mut wake: Vec<WakeOn> = named.chain(unpinned).collect();
+            let mut wake: Vec<WakeOn> = named.chain(pinned).chain(unpinned).collect();
             if sharing {
                 let regrouped = wake.iter().filter_map(|key| match key {
                     WakeOn::Pool(pool, family) => Some(WakeOn::Regrouped(pool.clone(), *family)),
+                    WakeOn::PinnedPool(rules, family) => {
+                        Some(WakeOn::PinnedRegrouped(*rules, *family))
+                    }
                     WakeOn::UnpinnedPool(family) => Some(WakeOn::UnpinnedRegrouped(*family)),
                     _ => None,
                 });

@@ -80,6 +80,12 @@ pub enum WakeOn {
     Regrouped(String, allocator::Family),
     /// The same in any unpinned automatic pool (as [`WakeOn::UnpinnedPool`]).
     UnpinnedRegrouped(allocator::Family),
+    /// An address of this family in any pinned automatic pool with these
+    /// rules ([`allocator::AutoGroup::Pinned`]): they serve the same
+    /// Services, so one that tried them waits on them with one key.
+    PinnedPool(u64, allocator::Family),
+    /// The same as [`WakeOn::Regrouped`] in any such pool.
+    PinnedRegrouped(u64, allocator::Family),
     /// A holder left or joined this address: the holder a refused
     /// Service's message names may be another now.
     Holders(std::net::IpAddr),
