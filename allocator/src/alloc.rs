@@ -12,12 +12,13 @@ use std::sync::Arc;
 use pool_types::cilium::CiliumLoadBalancerIPPoolSpec;
 
 use crate::addr::{from_int, to_int, Family};
+use crate::auto::{AutoKey, AutoSet};
 use crate::count::{AddressCount, WideCount};
 use crate::error::{AllocError, PinnedTried, ShareConflict, Tried, UnpinnedTried};
 use crate::group::{GroupIndex, Rank};
 use crate::holders::{tenancies_agree, Holders, Tenancy};
-use crate::pinned::{Fact, Merge, PinnedIndex};
-use crate::pool::{AddrRange, Conflict, Pool, PoolError, PoolKind, Rules, Subject};
+use crate::pinned::{Fact, Merge};
+use crate::pool::{AddrRange, Conflict, Pool, PoolError, PoolKind, Rules};
 use crate::request::{FamilyPolicy, Port, Request, SharingNamespaces, SharingRule};
 use crate::spec::IPAddressPoolSpec;
 use crate::used::UsedSet;
@@ -191,10 +192,6 @@ impl Rejection {
         }
     }
 }
-
-/// A pool's place in the §4.4 step 4 order: pinned pools by priority (1
-/// first, unset last) then name, then the others by name.
-type AutoKey = (bool, u64, Arc<str>);
 
 /// The sharing key and backend key of a Service that has a sharing key, in
 /// one unambiguous string: the Services one address may stack.
@@ -505,170 +502,13 @@ fn namespaces_agree(request: &Request<'_>, admits: Option<&[Box<str>]>, holder: 
 #[derive(Debug, Default)]
 struct AutoIndex {
     /// Every pool with autoAssign.
-    all: AllAuto,
+    all: AutoSet,
     /// Those with a free address of IPv4, of IPv6.
-    open: [OpenSet; 2],
+    open: [AutoSet; 2],
     /// Those with a free address of both families.
-    open_both: OpenSet,
+    open_both: AutoSet,
     /// Per family and group: those where the group holds addresses.
     groups: [HashMap<Group, BTreeSet<AutoKey>, FastHash>; 2],
-}
-
-/// Automatic pools with room for one question: the pinned ones indexed by
-/// what they require of a Service, so that a Service visits only those
-/// that may serve it (docs/allocation.md §4.9); the others, which serve
-/// every Service, in order.
-#[derive(Debug, Default)]
-struct OpenSet {
-    pinned: PinnedIndex<AutoKey>,
-    unpinned: BTreeSet<AutoKey>,
-}
-
-impl OpenSet {
-    fn insert(&mut self, key: &AutoKey, guard: Option<&BTreeSet<Fact>>) {
-        if key.0 {
-            self.unpinned.insert(key.clone());
-        } else {
-            self.pinned.insert(key, guard);
-        }
-    }
-
-    fn remove(&mut self, key: &AutoKey, guard: Option<&BTreeSet<Fact>>) {
-        if key.0 {
-            self.unpinned.remove(key);
-        } else {
-            self.pinned.remove(key, guard);
-        }
-    }
-
-    fn set(&mut self, key: &AutoKey, guard: Option<&BTreeSet<Fact>>, open: bool) {
-        if open {
-            self.insert(key, guard);
-        } else {
-            self.remove(key, guard);
-        }
-    }
-
-    fn contains(&self, key: &AutoKey) -> bool {
-        if key.0 {
-            self.unpinned.contains(key)
-        } else {
-            self.pinned.contains(key)
-        }
-    }
-
-    /// The pools that may serve `subject`, in the §4.4 order: the pinned
-    /// ones its facts lead to (with the unguarded), then every unpinned
-    /// one. `every_pinned` (tests): every pinned pool, as before the index.
-    fn candidates<'a>(
-        &'a self,
-        subject: &Subject<'_>,
-        every_pinned: bool,
-    ) -> impl Iterator<Item = &'a AutoKey> {
-        self.pinned_candidates(subject, every_pinned)
-            .chain(self.unpinned.iter())
-    }
-
-    /// The pinned pools that may serve `subject` (see
-    /// [`OpenSet::candidates`]).
-    fn pinned_candidates<'a>(
-        &'a self,
-        subject: &Subject<'_>,
-        every_pinned: bool,
-    ) -> Merge<'a, AutoKey> {
-        if every_pinned {
-            Merge::new(vec![self.pinned.all()])
-        } else {
-            self.pinned.candidates(subject)
-        }
-    }
-}
-
-/// Every automatic pool, full or not: what a failure names. Pinned pools
-/// with equal rules serve the same Services, so they are kept together
-/// and the groups are indexed by what they require of a Service: a
-/// failure costs the groups that may serve it, not their pools
-/// (docs/allocation.md §4.9).
-#[derive(Debug, Default)]
-struct AllAuto {
-    pinned: HashMap<Arc<Rules>, RulesGroup, FastHash>,
-    index: PinnedIndex<Arc<Rules>>,
-    unpinned: BTreeSet<AutoKey>,
-}
-
-/// The automatic pools of one set of rules.
-#[derive(Debug)]
-struct RulesGroup {
-    pools: BTreeSet<AutoKey>,
-    fingerprint: u64,
-}
-
-impl AllAuto {
-    fn insert(
-        &mut self,
-        key: &AutoKey,
-        guard: Option<&BTreeSet<Fact>>,
-        rules: Option<&Arc<Rules>>,
-    ) {
-        let Some(rules) = rules.filter(|_| !key.0) else {
-            self.unpinned.insert(key.clone());
-            return;
-        };
-        let group = self
-            .pinned
-            .entry(Arc::clone(rules))
-            .or_insert_with(|| RulesGroup {
-                pools: BTreeSet::new(),
-                fingerprint: rules.fingerprint(),
-            });
-        if group.pools.is_empty() {
-            self.index.insert(rules, guard);
-        }
-        group.pools.insert(key.clone());
-    }
-
-    fn remove(
-        &mut self,
-        key: &AutoKey,
-        guard: Option<&BTreeSet<Fact>>,
-        rules: Option<&Arc<Rules>>,
-    ) {
-        let Some(rules) = rules.filter(|_| !key.0) else {
-            self.unpinned.remove(key);
-            return;
-        };
-        let Some(group) = self.pinned.get_mut(rules) else {
-            return;
-        };
-        group.pools.remove(key);
-        if group.pools.is_empty() {
-            self.pinned.remove(rules);
-            self.index.remove(rules, guard);
-        }
-    }
-
-    /// The groups of pinned pools that serve `subject`, in the index's
-    /// order, each counted by `step`. `every_pinned` (tests): found by a
-    /// walk over every group.
-    fn serving(
-        &self,
-        subject: &Subject<'_>,
-        every_pinned: bool,
-        step: impl Fn(),
-    ) -> Vec<&RulesGroup> {
-        let candidates = if every_pinned {
-            Merge::new(vec![self.index.all()])
-        } else {
-            self.index.candidates(subject)
-        };
-        candidates
-            .filter(|rules| {
-                step();
-                rules.serves(subject)
-            })
-            .filter_map(|rules| self.pinned.get(rules))
-            .collect()
-    }
 }
 
 /// What kind of automatic pool a pool is, for the waiting Services that
@@ -920,9 +760,7 @@ impl Allocator {
         if *unpinned {
             return Some(AutoGroup::Unpinned);
         }
-        let rules = state.rules.as_ref()?;
-        let group = self.auto.all.pinned.get(rules)?;
-        Some(AutoGroup::Pinned(group.fingerprint))
+        Some(AutoGroup::Pinned(state.rules.as_ref()?.fingerprint()))
     }
 
     fn walks_every_pinned(&self) -> bool {
@@ -1016,13 +854,13 @@ impl Allocator {
             self.index.remove(&(range.family, range.first));
         }
         if let Some(key) = &state.auto {
-            let guard = state.guard.as_ref();
-            self.auto.all.remove(key, guard, state.rules.as_ref());
-            self.auto.open_both.remove(key, guard);
+            let (guard, rules) = (state.guard.as_ref(), state.rules.as_ref());
+            self.auto.all.remove(key, guard, rules);
+            self.auto.open_both.remove(key, guard, rules);
             for family in FAMILIES {
                 let i = family.index();
                 if let Some(open) = self.auto.open.get_mut(i) {
-                    open.remove(key, guard);
+                    open.remove(key, guard, rules);
                 }
                 if let Some(groups) = self.auto.groups.get_mut(i) {
                     for group in state.family(family).groups.keys() {
@@ -1048,12 +886,12 @@ impl Allocator {
             );
         }
         if let Some(key) = &state.auto {
-            let guard = state.guard.as_ref();
-            self.auto.all.insert(key, guard, state.rules.as_ref());
+            let (guard, rules) = (state.guard.as_ref(), state.rules.as_ref());
+            self.auto.all.insert(key, guard, rules);
             for family in FAMILIES {
                 if state.is_open(family) {
                     if let Some(open) = self.auto.open.get_mut(family.index()) {
-                        open.insert(key, guard);
+                        open.insert(key, guard, rules);
                     }
                 }
                 if let Some(groups) = self.auto.groups.get_mut(family.index()) {
@@ -1066,7 +904,7 @@ impl Allocator {
                 }
             }
             if state.is_open(Family::V4) && state.is_open(Family::V6) {
-                self.auto.open_both.insert(key, guard);
+                self.auto.open_both.insert(key, guard, rules);
             }
         }
         self.pools.insert(Arc::clone(&state.name), state);
@@ -1080,15 +918,15 @@ impl Allocator {
         let Some(key) = &state.auto else {
             return;
         };
-        let guard = state.guard.as_ref();
+        let (guard, rules) = (state.guard.as_ref(), state.rules.as_ref());
         let (open, both) = (
             state.is_open(family),
             state.is_open(Family::V4) && state.is_open(Family::V6),
         );
         if let Some(set) = self.auto.open.get_mut(family.index()) {
-            set.set(key, guard, open);
+            set.set(key, guard, rules, open);
         }
-        self.auto.open_both.set(key, guard, both);
+        self.auto.open_both.set(key, guard, rules, both);
     }
 
     /// Books in the automatic index whether `group` holds addresses of
@@ -2090,11 +1928,9 @@ impl Allocator {
     /// index, as in [`Allocator::allocate`].
     pub fn cilium_candidates(&self, request: &Request<'_>, family: Family) -> Vec<String> {
         let all = &self.auto.all;
-        let serving = all.serving(&request.subject, self.walks_every_pinned(), || {
-            self.step(1);
-        });
-        Merge::new(serving.iter().map(|group| &group.pools).collect())
-            .chain(all.unpinned.iter())
+        let serving = all.serving(&request.subject, self.walks_every_pinned(), &self.steps);
+        Merge::new(serving.iter().map(|(_, pools)| *pools).collect())
+            .chain(all.unpinned().iter())
             .filter_map(|key| self.pools.get(&key.2))
             .filter(|state| {
                 self.step(1);
@@ -2178,24 +2014,25 @@ impl Allocator {
         // serve every Service, and names the first of them: it costs
         // nothing per pool (§4.9).
         let all = &self.auto.all;
-        let serving = all.serving(&request.subject, self.walks_every_pinned(), || {
-            self.step(1);
-        });
+        let serving = all.serving(&request.subject, self.walks_every_pinned(), &self.steps);
         let pinned = (!serving.is_empty()).then(|| {
-            let first: Vec<String> = Merge::new(serving.iter().map(|group| &group.pools).collect())
+            let first: Vec<String> = Merge::new(serving.iter().map(|(_, pools)| *pools).collect())
                 .take(Tried::LISTED)
                 .map(|(_, _, name)| name.to_string())
                 .collect();
             self.step(u64::try_from(first.len()).unwrap_or(u64::MAX));
             Box::new(PinnedTried {
                 first,
-                count: serving.iter().map(|group| group.pools.len()).sum(),
-                rules: serving.iter().map(|group| group.fingerprint).collect(),
+                count: serving.iter().map(|(_, pools)| pools.len()).sum(),
+                rules: serving
+                    .iter()
+                    .map(|(rules, _)| rules.fingerprint())
+                    .collect(),
             })
         });
-        let unpinned = (!all.unpinned.is_empty()).then(|| {
+        let unpinned = (!all.unpinned().is_empty()).then(|| {
             let first: Vec<String> = all
-                .unpinned
+                .unpinned()
                 .iter()
                 .take(Tried::LISTED)
                 .map(|(_, _, name)| name.to_string())
@@ -2203,7 +2040,7 @@ impl Allocator {
             self.step(u64::try_from(first.len()).unwrap_or(u64::MAX));
             UnpinnedTried {
                 first,
-                count: all.unpinned.len(),
+                count: all.unpinned().len(),
             }
         });
         let tried = Tried {
@@ -2263,7 +2100,7 @@ impl Allocator {
         &self,
         families: &[Family],
         group: Option<&str>,
-    ) -> (&OpenSet, BTreeSet<&AutoKey>) {
+    ) -> (&AutoSet, BTreeSet<&AutoKey>) {
         let open = |family: Family| {
             let [v4, v6] = &self.auto.open;
             match family {
@@ -2301,11 +2138,11 @@ impl Allocator {
         &self,
         request: &Request<'_>,
         families: &[Family],
-        with_room: &OpenSet,
+        with_room: &AutoSet,
         mut stacking: BTreeSet<&AutoKey>,
     ) -> Option<(Arc<str>, Vec<IpAddr>)> {
         let mut with_room = with_room
-            .candidates(&request.subject, self.walks_every_pinned())
+            .candidates(request.subject, self.walks_every_pinned(), &self.steps)
             .peekable();
         loop {
             let key = match (with_room.peek(), stacking.first()) {

@@ -20,6 +20,7 @@
 
 mod addr;
 mod alloc;
+mod auto;
 mod count;
 mod error;
 mod group;

@@ -97,10 +97,6 @@ impl<K: Ord + Clone> PinnedIndex<K> {
         }
     }
 
-    pub(crate) fn contains(&self, key: &K) -> bool {
-        self.all.contains(key)
-    }
-
     /// Every pool in the index, in order.
     pub(crate) fn all(&self) -> &BTreeSet<K> {
         &self.all
@@ -248,7 +244,7 @@ mod tests {
         index.remove(&3, None);
         let got: Vec<i32> = index.candidates(&subject).copied().collect();
         assert_eq!(got, [2, 4]);
-        assert!(index.contains(&6) && !index.contains(&5));
+        assert!(index.all().contains(&6) && !index.all().contains(&5));
         // Nothing is left behind once every pool is gone.
         index.remove(&1, Some(&facts(&[ns("b")])));
         index.remove(&2, Some(&facts(&[Fact::Name("s".into())])));

@@ -1442,6 +1442,43 @@ mod cost {
         );
     }
 
+    /// P pools with room pinned alike to one namespace and to `app: web`
+    /// Services, and an unpinned pool: a Service of that namespace without
+    /// the label asks their rules once and goes on to the unpinned pool,
+    /// and one with it takes the first pinned pool with room. The walk over
+    /// the pinned pools asked each of them (P steps per Service).
+    #[test]
+    fn pools_pinned_alike_that_do_not_serve_a_service_cost_it_one_step() {
+        const P: u32 = 2000;
+        let mut a = Allocator::new();
+        for p in 0..P {
+            let spec = IPAddressPoolSpec {
+                service_allocation: Some(ServiceAllocationSpec {
+                    namespaces: vec!["a".to_owned()],
+                    service_selectors: vec![LabelSelectorSpec {
+                        match_labels: [("app".to_owned(), "web".to_owned())].into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                ..pool_spec(&[&format!("{}/30", v4(4 * p))])
+            };
+            a.set_pool(&format!("web-{p:05}"), &spec);
+        }
+        a.set_pool("rest", &pool_spec(&["10.200.0.0/16"]));
+        let before = a.steps();
+        for s in 0..P {
+            let plain = a.allocate(&svc(&format!("a/plain-{s}")).req()).unwrap();
+            assert_eq!(plain.pool, "rest");
+            let mut web = svc(&format!("a/web-{s}"));
+            web.labels = [("app".to_owned(), "web".to_owned())].into();
+            let web = a.allocate(&web.req()).unwrap();
+            assert_eq!(web.pool, format!("web-{:05}", s / 4));
+        }
+        let steps = a.steps() - before;
+        assert!(steps <= u64::from(P) * 8, "{steps} steps");
+    }
+
     #[test]
     fn services_visit_only_the_pools_pinned_to_their_namespace() {
         for cilium in [false, true] {

@@ -1693,6 +1693,13 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         expect: |n| expect_all(n / 4),
     },
     GrowthShape {
+        name: "pinned_not_serving",
+        what: "N/8 pools (/30) pinned to one namespace and `app: web`, an unpinned pool, then Services there, half without the label",
+        exception: None,
+        stream: pinned_not_serving_stream,
+        expect: |n| expect_all(n - n / 8 - 1),
+    },
+    GrowthShape {
         name: "pinned_full_pools",
         what: "full_pools with every pool pinned to the Services' one namespace",
         exception: None,
@@ -1943,6 +1950,42 @@ fn pools_added_stream(n: usize, live: bool) -> Result<Vec<u8>> {
         for i in 0..n / 2 {
             plain_service(&mut out, i)?;
         }
+    }
+    Ok(out)
+}
+
+/// N/8 pools of a /30 each, all pinned to namespace `team` and `app: web`
+/// Services, and one unpinned pool; then the rest of the N lines are
+/// Services of `team`, every other one `app: web`: the others are served
+/// by none of the pinned pools, whose rules they ask once.
+fn pinned_not_serving_stream(n: usize) -> Result<Vec<u8>> {
+    let pools = n / 8;
+    let mut out = Vec::with_capacity(n * 220);
+    for i in 0..pools {
+        let (first, _) = block(i, 4);
+        pool_with(
+            &mut out,
+            &format!("web-{i}"),
+            &format!(
+                r#"{{"addresses":["{first}/30"],"serviceAllocation":{{"namespaces":["team"],"serviceSelectors":[{{"matchLabels":{{"app":"web"}}}}]}}}}"#
+            ),
+        )?;
+    }
+    pool_line(&mut out, "ADDED", "rest", &[POOL_V4])?;
+    for i in pools + 1..n {
+        let meta = if i % 2 == 0 {
+            r#","labels":{"app":"web"}"#
+        } else {
+            ""
+        };
+        service_line(
+            &mut out,
+            "ADDED",
+            ("team", &format!("svc-{i}")),
+            meta,
+            "",
+            PORT_80,
+        )?;
     }
     Ok(out)
 }
