@@ -1502,3 +1502,53 @@ fn a_holder_joining_a_requested_address_wakes_the_refused() {
         [(3, named("b/z").as_str()), (6, named("b/a").as_str())]
     );
 }
+
+/// Found by `skipping_settled_services_changes_nothing` (40,000 cases): a
+/// Service refused the second of the two addresses it asked for waits on
+/// the holders of both, for a holder joining the first changes the
+/// address its message names (docs/allocation.md §4.9).
+#[test]
+fn a_holder_joining_an_earlier_requested_address_wakes_the_refused() {
+    let pool = r#"{"type":"ADDED","object":{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{"name":"p"},"spec":{"addresses":["10.0.4.0/29","fd00::20/127"]}}}"#;
+    let service = |namespace: &str, name: &str, extra: &str| {
+        format!(
+            r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"{name}","namespace":"{namespace}"{extra}}},"spec":{{"type":"LoadBalancer","ports":[{{"port":80,"protocol":"TCP"}}]}}}}}}"#
+        )
+    };
+    let v6 = r#"{"type":"ADDED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"v6","namespace":"a"},"spec":{"type":"LoadBalancer","ipFamilies":["IPv6"],"ports":[{"port":80,"protocol":"TCP"}]}}}"#;
+    let refused = r#"{"type":"ADDED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"x","namespace":"b","annotations":{"metallb.io/loadBalancerIPs":"10.0.4.1,fd00::20"}},"spec":{"type":"LoadBalancer","ipFamilyPolicy":"RequireDualStack","ports":[{"port":80,"protocol":"TCP"}]}}}"#;
+    let delete = r#"{"type":"DELETED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"other","namespace":"c"}}}"#;
+    let stream = [
+        pool.to_owned(),
+        service("default", "first", ""),
+        service(
+            "c",
+            "other",
+            r#","annotations":{"metallb.io/loadBalancerIPs":"10.0.4.2"}"#,
+        ),
+        v6.to_owned(),
+        refused.to_owned(),
+        service("default", "joins", ""),
+        delete.to_owned(),
+    ]
+    .join("\n");
+    same_either_way(&stream, &checked()).unwrap();
+    let output = replay(&stream, &checked()).unwrap();
+    let warnings: Vec<(u64, &str)> = output
+        .result
+        .events
+        .iter()
+        .filter(|e| e.key == "b/x")
+        .map(|e| (e.line, e.message.as_str()))
+        .collect();
+    let named = |ip: &str, holder: &str| {
+        format!("Failed to allocate IP for \"b/x\": {ip} cannot be used: it is in use by {holder}")
+    };
+    assert_eq!(
+        warnings,
+        [
+            (5, named("fd00::20", "a/v6").as_str()),
+            (7, named("10.0.4.1", "default/joins").as_str())
+        ]
+    );
+}

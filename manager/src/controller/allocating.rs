@@ -1155,8 +1155,8 @@ fn demand_class(error: &AllocError, request: &Request<'_>) -> Option<u64> {
 /// `error` (see [`SyncOutcome::wake_on`]). One that may not share needs a
 /// free address of its families in a pool it tried; one that may share
 /// can also fit where a holder left or changed its terms there (a new
-/// holder only narrows what fits). One refused the address it asked for
-/// waits for its holders to change: one leaving may free it or let it
+/// holder only narrows what fits). One refused the first address it asked
+/// for waits for its holders to change: one leaving may free it or let it
 /// share, and any change may change the holder its message names. A
 /// failure of the configuration alone waits for a pool or Namespace
 /// change.
@@ -1197,6 +1197,15 @@ fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<Wake
                 wake.extend(regrouped.collect::<Vec<_>>());
             }
             Some(wake)
+        }
+        // The first requested address taken is the one named. One before
+        // it was free or could be shared, and a holder taking it from free
+        // is no change of holders that a wake names: so any delete or
+        // release wakes it, as re-running every waiting Service would.
+        AllocError::Taken { ip, .. }
+            if request.addresses.first().is_some_and(|first| first != ip) =>
+        {
+            None
         }
         AllocError::Taken { ip, .. } => Some(vec![WakeOn::Address(*ip), WakeOn::Holders(*ip)]),
         _ => Some(Vec::new()),
