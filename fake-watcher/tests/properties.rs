@@ -1174,6 +1174,18 @@ fn skipping_settled_services_changes_nothing() {
     );
 }
 
+/// The Events of `key` (line, message) when `text` replays the same
+/// skipping settled Services and reconciling everything.
+fn events_either_way(text: &str, key: &str) -> Vec<(u64, String)> {
+    same_either_way(text, &checked()).unwrap();
+    let output = replay(text, &checked()).unwrap();
+    let events = output.result.events.into_iter();
+    events
+        .filter(|e| e.key == key)
+        .map(|e| (e.line, e.message))
+        .collect()
+}
+
 /// Replays `text` skipping settled Services and reconciling everything;
 /// fails where they differ.
 fn same_either_way(text: &str, options: &ReplayOptions) -> Result<(), String> {
@@ -1443,17 +1455,9 @@ fn a_holder_leaving_a_requested_address_wakes_the_refused() {
         r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s3","namespace":"a"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
     ]
     .join("\n");
-    same_either_way(&stream, &checked()).unwrap();
-    let output = replay(&stream, &checked()).unwrap();
-    let last = output
-        .result
-        .events
-        .iter()
-        .rev()
-        .find(|e| e.key == "default/s1")
-        .map(|e| e.message.as_str());
+    let warnings = events_either_way(&stream, "default/s1");
     assert_eq!(
-        last,
+        warnings.last().map(|(_, message)| message.as_str()),
         Some("Failed to allocate IP for \"default/s1\": 10.0.0.2 cannot be used: it is in use by default/s0")
     );
 }
@@ -1483,24 +1487,13 @@ fn a_holder_joining_a_requested_address_wakes_the_refused() {
         delete.to_owned(),
     ]
     .join("\n");
-    same_either_way(&stream, &checked()).unwrap();
-    let output = replay(&stream, &checked()).unwrap();
-    let warnings: Vec<(u64, &str)> = output
-        .result
-        .events
-        .iter()
-        .filter(|e| e.key == "a/x")
-        .map(|e| (e.line, e.message.as_str()))
-        .collect();
+    let warnings = events_either_way(&stream, "a/x");
     let named = |holder: &str| {
         format!(
             "Failed to allocate IP for \"a/x\": 10.0.0.0 cannot be used: it is in use by {holder}"
         )
     };
-    assert_eq!(
-        warnings,
-        [(3, named("b/z").as_str()), (6, named("b/a").as_str())]
-    );
+    assert_eq!(warnings, [(3, named("b/z")), (6, named("b/a"))]);
 }
 
 /// Found by `skipping_settled_services_changes_nothing` (40,000 cases): a
@@ -1532,23 +1525,15 @@ fn a_holder_joining_an_earlier_requested_address_wakes_the_refused() {
         delete.to_owned(),
     ]
     .join("\n");
-    same_either_way(&stream, &checked()).unwrap();
-    let output = replay(&stream, &checked()).unwrap();
-    let warnings: Vec<(u64, &str)> = output
-        .result
-        .events
-        .iter()
-        .filter(|e| e.key == "b/x")
-        .map(|e| (e.line, e.message.as_str()))
-        .collect();
+    let warnings = events_either_way(&stream, "b/x");
     let named = |ip: &str, holder: &str| {
         format!("Failed to allocate IP for \"b/x\": {ip} cannot be used: it is in use by {holder}")
     };
     assert_eq!(
         warnings,
         [
-            (5, named("fd00::20", "a/v6").as_str()),
-            (7, named("10.0.4.1", "default/joins").as_str())
+            (5, named("fd00::20", "a/v6")),
+            (7, named("10.0.4.1", "default/joins"))
         ]
     );
 }
