@@ -17,7 +17,7 @@ use crate::count::{AddressCount, WideCount};
 use crate::error::{AllocError, PinnedTried, ShareConflict, Tried, UnpinnedTried};
 use crate::group::{GroupIndex, Rank};
 use crate::holders::{tenancies_agree, Holders, Tenancy};
-use crate::pinned::{Fact, Merge};
+use crate::pinned::Fact;
 use crate::pool::{AddrRange, Conflict, Pool, PoolError, PoolKind, Rules};
 use crate::request::{FamilyPolicy, Port, Request, SharingNamespaces, SharingRule};
 use crate::spec::IPAddressPoolSpec;
@@ -1929,7 +1929,8 @@ impl Allocator {
     pub fn cilium_candidates(&self, request: &Request<'_>, family: Family) -> Vec<String> {
         let all = &self.auto.all;
         let serving = all.serving(&request.subject, self.walks_every_pinned(), &self.steps);
-        Merge::new(serving.iter().map(|(_, pools)| *pools).collect())
+        serving
+            .pools()
             .chain(all.unpinned().iter())
             .filter_map(|key| self.pools.get(&key.2))
             .filter(|state| {
@@ -2016,18 +2017,16 @@ impl Allocator {
         let all = &self.auto.all;
         let serving = all.serving(&request.subject, self.walks_every_pinned(), &self.steps);
         let pinned = (!serving.is_empty()).then(|| {
-            let first: Vec<String> = Merge::new(serving.iter().map(|(_, pools)| *pools).collect())
+            let first: Vec<String> = serving
+                .pools()
                 .take(Tried::LISTED)
                 .map(|(_, _, name)| name.to_string())
                 .collect();
             self.step(u64::try_from(first.len()).unwrap_or(u64::MAX));
             Box::new(PinnedTried {
                 first,
-                count: serving.iter().map(|(_, pools)| pools.len()).sum(),
-                rules: serving
-                    .iter()
-                    .map(|(rules, _)| rules.fingerprint())
-                    .collect(),
+                count: serving.count(),
+                rules: serving.fingerprints(),
             })
         });
         let unpinned = (!all.unpinned().is_empty()).then(|| {
@@ -2141,14 +2140,17 @@ impl Allocator {
         with_room: &AutoSet,
         mut stacking: BTreeSet<&AutoKey>,
     ) -> Option<(Arc<str>, Vec<IpAddr>)> {
+        let every_pinned = self.walks_every_pinned();
         let mut with_room = with_room
-            .candidates(request.subject, self.walks_every_pinned(), &self.steps)
+            .candidates(request.subject, every_pinned, &self.steps)
             .peekable();
         loop {
-            let key = match (with_room.peek(), stacking.first()) {
-                (Some(a), Some(b)) if *b < *a => stacking.pop_first()?,
-                (Some(_), _) => with_room.next()?,
-                (None, Some(_)) => stacking.pop_first()?,
+            // Whether the pool is known to serve the request: the walk over
+            // the rules asked those of each pool it yields (§4.9).
+            let (key, serves) = match (with_room.peek(), stacking.first()) {
+                (Some(a), Some(b)) if *b < *a => (stacking.pop_first()?, false),
+                (Some(_), _) => (with_room.next()?, !every_pinned),
+                (None, Some(_)) => (stacking.pop_first()?, false),
                 (None, None) => return None,
             };
             stacking.remove(key);
@@ -2157,7 +2159,7 @@ impl Allocator {
             let Some(state) = self.pools.get(name) else {
                 continue;
             };
-            if !state.pool.serves(&request.subject) {
+            if !serves && !state.pool.serves(&request.subject) {
                 continue;
             }
             if let Some(ips) = self.fit_all(state, families, request) {

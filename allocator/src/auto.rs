@@ -161,26 +161,57 @@ impl AutoSet {
         }
     }
 
-    /// Each set of rules that serves `subject` with its pools, by first
-    /// pool; each set asked counts a step in `steps`. `every_pinned`
-    /// (tests): every set asked, not only those its facts lead to.
+    /// The pinned pools that serve `subject`, by their rules; each set of
+    /// rules asked counts a step in `steps`. `every_pinned` (tests): every
+    /// set asked, not only those its facts lead to.
     pub(crate) fn serving<'a>(
         &'a self,
         subject: &Subject<'_>,
         every_pinned: bool,
         steps: &Cell<u64>,
-    ) -> Vec<(&'a Arc<Rules>, &'a BTreeSet<AutoKey>)> {
+    ) -> Serving<'a> {
         let candidates = if every_pinned {
             Merge::new(vec![self.index.all()])
         } else {
             self.index.candidates(subject)
         };
-        candidates
+        let rules = candidates
             .filter(|(_, rules)| {
                 step(steps);
                 rules.serves(subject)
             })
             .filter_map(|(_, rules)| self.pinned.get_key_value(rules))
+            .collect();
+        Serving { rules }
+    }
+}
+
+/// See [`AutoSet::serving`].
+pub(crate) struct Serving<'a> {
+    /// Each set of rules that serves, with its pools, by first pool.
+    rules: Vec<(&'a Arc<Rules>, &'a BTreeSet<AutoKey>)>,
+}
+
+impl<'a> Serving<'a> {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// The pools, in order.
+    pub(crate) fn pools(&self) -> Merge<'a, AutoKey> {
+        Merge::new(self.rules.iter().map(|(_, pools)| *pools).collect())
+    }
+
+    /// How many pools there are.
+    pub(crate) fn count(&self) -> usize {
+        self.rules.iter().map(|(_, pools)| pools.len()).sum()
+    }
+
+    /// The fingerprint of each set of rules.
+    pub(crate) fn fingerprints(&self) -> Vec<u64> {
+        self.rules
+            .iter()
+            .map(|(rules, _)| rules.fingerprint())
             .collect()
     }
 }

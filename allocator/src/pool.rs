@@ -275,23 +275,39 @@ pub struct Subject<'a> {
 /// What a pinned pool requires of a Service, its priority aside: pinned
 /// pools with equal rules serve the same Services, so a Service that finds
 /// them all full counts them as one (docs/allocation.md §4.9).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Rules {
     allocation: Option<ServiceAllocation>,
     selector: Option<Selector>,
+    /// A hash of the two, the same in every run: what a waiting Service
+    /// waits on, and what the rules hash by in a map.
+    fingerprint: u64,
 }
 
 impl Rules {
+    fn new(allocation: Option<ServiceAllocation>, selector: Option<Selector>) -> Self {
+        let mut hasher = std::hash::DefaultHasher::new();
+        (&allocation, &selector).hash(&mut hasher);
+        Rules {
+            allocation,
+            selector,
+            fingerprint: hasher.finish(),
+        }
+    }
+
     pub(crate) fn serves(&self, subject: &Subject<'_>) -> bool {
         unserved(self.selector.as_ref(), self.allocation.as_ref(), subject).is_none()
     }
 
-    /// A hash of the rules that is the same in every run (what a waiting
-    /// Service waits on).
     pub(crate) fn fingerprint(&self) -> u64 {
-        let mut hasher = std::hash::DefaultHasher::new();
-        self.hash(&mut hasher);
-        hasher.finish()
+        self.fingerprint
+    }
+}
+
+/// Equal rules have equal fingerprints: hashing that one number is enough.
+impl Hash for Rules {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.fingerprint);
     }
 }
 
@@ -533,12 +549,12 @@ impl Pool {
 
     /// What it requires of a Service, if it is pinned.
     pub(crate) fn rules(&self) -> Option<Rules> {
-        self.is_pinned().then(|| Rules {
-            allocation: self.allocation.clone().map(|allocation| ServiceAllocation {
+        self.is_pinned().then(|| {
+            let allocation = self.allocation.clone().map(|allocation| ServiceAllocation {
                 priority: None,
                 ..allocation
-            }),
-            selector: self.selector.clone(),
+            });
+            Rules::new(allocation, self.selector.clone())
         })
     }
 

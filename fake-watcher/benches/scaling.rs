@@ -2288,21 +2288,15 @@ fn full_pools_stream(n: usize, pinned: bool) -> Result<Vec<u8>> {
             namespace_of(i)
         }
     };
+    let allocation = if pinned {
+        r#","serviceAllocation":{"namespaces":["team"]}"#
+    } else {
+        ""
+    };
     for i in 0..quarter {
         let offset = u32::try_from(i).unwrap_or(u32::MAX);
-        let address = format!("{}/32", v4(offset));
-        let name = format!("pool-{i:07}");
-        if pinned {
-            pool_with(
-                &mut out,
-                &name,
-                &format!(
-                    r#"{{"addresses":["{address}"],"serviceAllocation":{{"namespaces":["team"]}}}}"#
-                ),
-            )?;
-        } else {
-            pool_line(&mut out, "ADDED", &name, &[&address])?;
-        }
+        let spec = format!(r#"{{"addresses":["{}/32"]{allocation}}}"#, v4(offset));
+        pool_with(&mut out, &format!("pool-{i:07}"), &spec)?;
     }
     for i in 0..2 * quarter {
         service_line(

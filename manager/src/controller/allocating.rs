@@ -1002,18 +1002,22 @@ fn freed(
         if kept || allocator.is_held(*ip) {
             continue;
         }
-        let (pool, family) = (before.pool_of(*ip), Family::of(*ip));
         freed.push(WakeOn::Address(*ip));
-        match allocator.auto_group(pool) {
-            Some(AutoGroup::Unpinned) => freed.push(WakeOn::UnpinnedPool(family)),
-            Some(AutoGroup::Pinned(rules)) => freed.push(WakeOn::PinnedPool(rules, family)),
-            None => {}
-        }
-        freed.push(WakeOn::Pool(pool.to_owned(), family));
+        freed.extend(pool_keys(allocator, before.pool_of(*ip), Family::of(*ip)));
     }
     freed.sort();
     freed.dedup();
     freed
+}
+
+/// What a free address of `family` in `pool` frees: the pool's own key
+/// and its automatic group's.
+fn pool_keys(allocator: &Allocator, pool: &str, family: Family) -> impl Iterator<Item = WakeOn> {
+    let group = allocator.auto_group(pool).map(|group| match group {
+        AutoGroup::Unpinned => WakeOn::UnpinnedPool(family),
+        AutoGroup::Pinned(rules) => WakeOn::PinnedPool(rules, family),
+    });
+    std::iter::once(WakeOn::Pool(pool.to_owned(), family)).chain(group)
 }
 
 /// A wake also names the places where holders left addresses (or changed
@@ -1031,18 +1035,9 @@ fn add_regrouped(outcome: &mut SyncOutcome, allocator: &mut Allocator) {
     let joined = regrouped.joined.into_iter().map(WakeOn::Holders);
     outcome.freed.extend(joined);
     for (pool, ip) in regrouped.left {
-        let family = Family::of(ip);
         outcome.freed.push(WakeOn::Holders(ip));
-        match allocator.auto_group(&pool) {
-            Some(AutoGroup::Unpinned) => outcome.freed.push(WakeOn::UnpinnedRegrouped(family)),
-            Some(AutoGroup::Pinned(rules)) => {
-                outcome.freed.push(WakeOn::PinnedRegrouped(rules, family));
-            }
-            None => {}
-        }
-        outcome
-            .freed
-            .push(WakeOn::Regrouped(pool.to_string(), family));
+        let keys = pool_keys(allocator, &pool, Family::of(ip));
+        outcome.freed.extend(keys.filter_map(|key| key.regrouped()));
     }
     outcome.freed.sort();
     outcome.freed.dedup();
@@ -1186,14 +1181,7 @@ fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<Wake
                 .flat_map(|_| families.iter().map(|f| WakeOn::UnpinnedPool(*f)));
             let mut wake: Vec<WakeOn> = named.chain(pinned).chain(unpinned).collect();
             if sharing {
-                let regrouped = wake.iter().filter_map(|key| match key {
-                    WakeOn::Pool(pool, family) => Some(WakeOn::Regrouped(pool.clone(), *family)),
-                    WakeOn::PinnedPool(rules, family) => {
-                        Some(WakeOn::PinnedRegrouped(*rules, *family))
-                    }
-                    WakeOn::UnpinnedPool(family) => Some(WakeOn::UnpinnedRegrouped(*family)),
-                    _ => None,
-                });
+                let regrouped = wake.iter().filter_map(WakeOn::regrouped);
                 wake.extend(regrouped.collect::<Vec<_>>());
             }
             Some(wake)

@@ -91,6 +91,20 @@ pub enum WakeOn {
     Holders(std::net::IpAddr),
 }
 
+impl WakeOn {
+    /// For a key of free addresses in some pools, the key of holders
+    /// leaving or changing their terms there (what a Service that may
+    /// share can fit into as well).
+    pub(crate) fn regrouped(&self) -> Option<WakeOn> {
+        match self {
+            WakeOn::Pool(pool, family) => Some(WakeOn::Regrouped(pool.clone(), *family)),
+            WakeOn::PinnedPool(rules, family) => Some(WakeOn::PinnedRegrouped(*rules, *family)),
+            WakeOn::UnpinnedPool(family) => Some(WakeOn::UnpinnedRegrouped(*family)),
+            _ => None,
+        }
+    }
+}
+
 /// How a reconciliation ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SyncState {
