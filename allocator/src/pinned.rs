@@ -26,6 +26,10 @@ pub(crate) enum Fact {
     Label(String, String),
     /// Its Namespace has this label (key, value).
     NamespaceLabel(String, String),
+    /// It lives in this namespace and has this label (namespace, key,
+    /// value): a pool requiring both is not visited by every Service of
+    /// the namespace, nor by every Service of the label.
+    NamespacedLabel(String, String, String),
 }
 
 /// Per label key and value, the pools needing it.
@@ -42,6 +46,8 @@ pub(crate) struct PinnedIndex<K> {
     names: HashMap<String, BTreeSet<K>, FastHash>,
     labels: ByPair<K>,
     namespace_labels: ByPair<K>,
+    /// Per namespace, the pools needing a label of a Service there.
+    namespaced_labels: HashMap<String, ByPair<K>, FastHash>,
 }
 
 impl<K> Default for PinnedIndex<K> {
@@ -53,6 +59,7 @@ impl<K> Default for PinnedIndex<K> {
             names: HashMap::default(),
             labels: HashMap::default(),
             namespace_labels: HashMap::default(),
+            namespaced_labels: HashMap::default(),
         }
     }
 }
@@ -73,6 +80,9 @@ impl<K: Ord + Clone> PinnedIndex<K> {
                 Fact::Name(n) => self.names.entry(n.clone()).or_default(),
                 Fact::Label(k, v) => pair_entry(&mut self.labels, k, v),
                 Fact::NamespaceLabel(k, v) => pair_entry(&mut self.namespace_labels, k, v),
+                Fact::NamespacedLabel(n, k, v) => {
+                    pair_entry(self.namespaced_labels.entry(n.clone()).or_default(), k, v)
+                }
             };
             set.insert(key.clone());
         }
@@ -93,6 +103,14 @@ impl<K: Ord + Clone> PinnedIndex<K> {
                 Fact::Name(n) => remove_from(&mut self.names, n, key),
                 Fact::Label(k, v) => remove_pair(&mut self.labels, k, v, key),
                 Fact::NamespaceLabel(k, v) => remove_pair(&mut self.namespace_labels, k, v, key),
+                Fact::NamespacedLabel(n, k, v) => {
+                    if let Some(pairs) = self.namespaced_labels.get_mut(n) {
+                        remove_pair(pairs, k, v, key);
+                        if pairs.is_empty() {
+                            self.namespaced_labels.remove(n);
+                        }
+                    }
+                }
             }
         }
     }
@@ -104,20 +122,24 @@ impl<K: Ord + Clone> PinnedIndex<K> {
 
     /// The pools `subject` may be served by, in order, each once: those
     /// under one of its facts, and the unguarded ones. One lookup per fact
-    /// of the Service (namespace, name, labels, Namespace labels); the
-    /// pools come lazily, so a walk that stops early pays only for what
-    /// it visited.
+    /// of the Service (namespace, name, labels, labels in its namespace,
+    /// Namespace labels); the pools come lazily, so a walk that stops
+    /// early pays only for what it visited.
     pub(crate) fn candidates(&self, subject: &Subject<'_>) -> Merge<'_, K> {
         let mut sets: Vec<&BTreeSet<K>> = vec![&self.unguarded];
         sets.extend(self.namespaces.get(subject.namespace));
         sets.extend(self.names.get(subject.name));
         for (labels, index) in [
-            (subject.labels, &self.labels),
-            (subject.namespace_labels, &self.namespace_labels),
+            (subject.labels, Some(&self.labels)),
+            (
+                subject.labels,
+                self.namespaced_labels.get(subject.namespace),
+            ),
+            (subject.namespace_labels, Some(&self.namespace_labels)),
         ] {
-            if index.is_empty() {
+            let Some(index) = index.filter(|index| !index.is_empty()) else {
                 continue;
-            }
+            };
             for (k, v) in labels {
                 sets.extend(index.get(k).and_then(|values| values.get(v)));
             }

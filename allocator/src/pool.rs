@@ -392,9 +392,52 @@ impl ServiceAllocation {
         })
         .map(BTreeSet::from_iter);
         match (namespace, service) {
-            (Some(namespace), Some(service)) if service.len() < namespace.len() => Some(service),
+            (Some(namespace), Some(service)) => Some(both_rules(namespace, service)),
             (namespace, service) => namespace.or(service),
         }
+    }
+}
+
+/// The most facts a pool requiring both a namespace and a label is
+/// indexed under as pairs: beyond, it is indexed under one of the two.
+const MOST_PAIRED_FACTS: usize = 64;
+
+/// The facts of which a Service passing both a namespace rule (`namespace`)
+/// and a label rule (`service`) has one. Listed namespaces and required
+/// labels pair up, so a Service visits the pool only with both (one lookup
+/// per label of the Service); otherwise, or when the pairs would be too
+/// many, the rule with fewer facts (the namespace on a tie).
+fn both_rules(namespace: BTreeSet<Fact>, service: BTreeSet<Fact>) -> BTreeSet<Fact> {
+    let namespaces: Option<Vec<&String>> = namespace
+        .iter()
+        .map(|fact| match fact {
+            Fact::Namespace(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    let labels: Option<Vec<(&String, &String)>> = service
+        .iter()
+        .map(|fact| match fact {
+            Fact::Label(k, v) => Some((k, v)),
+            _ => None,
+        })
+        .collect();
+    if let (Some(namespaces), Some(labels)) = (namespaces, labels) {
+        if namespaces.len().saturating_mul(labels.len()) <= MOST_PAIRED_FACTS {
+            return namespaces
+                .iter()
+                .flat_map(|n| {
+                    labels.iter().map(|(k, v)| {
+                        Fact::NamespacedLabel((*n).clone(), (*k).clone(), (*v).clone())
+                    })
+                })
+                .collect();
+        }
+    }
+    if service.len() < namespace.len() {
+        service
+    } else {
+        namespace
     }
 }
 
@@ -407,10 +450,35 @@ fn selectors_facts(selectors: &[Selector], fact: impl Fn(&str, &str) -> Fact) ->
     }
     let mut facts = Vec::new();
     for selector in selectors {
-        let pairs = selector.required_pairs(|_| 0)?;
+        let pairs = selector.required_pairs(|_| Some(0))?;
         facts.extend(pairs.into_iter().map(|(k, v)| fact(k, v)));
     }
     Some(facts)
+}
+
+/// [`Pool::guard`] of a Cilium pool's `serviceSelector`, whose
+/// pseudo-labels are the Service's namespace and name.
+fn cilium_guard(selector: &Selector) -> Option<BTreeSet<Fact>> {
+    let is_pseudo = |key: &str| key == SERVICE_NAMESPACE_LABEL || key == SERVICE_NAME_LABEL;
+    let facts = |pairs: Vec<(&str, &str)>| -> BTreeSet<Fact> {
+        let fact = |(key, value): (&str, &str)| match key {
+            SERVICE_NAME_LABEL => Fact::Name(value.to_owned()),
+            SERVICE_NAMESPACE_LABEL => Fact::Namespace(value.to_owned()),
+            _ => Fact::Label(key.to_owned(), value.to_owned()),
+        };
+        pairs.into_iter().map(fact).collect()
+    };
+    // A namespace or name is likely the most telling requirement.
+    let best = facts(selector.required_pairs(|key| Some(u8::from(!is_pseudo(key))))?);
+    if best.iter().any(|fact| matches!(fact, Fact::Name(_))) {
+        return Some(best);
+    }
+    let namespace = selector.required_pairs(|key| (key == SERVICE_NAMESPACE_LABEL).then_some(0));
+    let labels = selector.required_pairs(|key| (!is_pseudo(key)).then_some(0));
+    match (namespace, labels) {
+        (Some(namespace), Some(labels)) => Some(both_rules(facts(namespace), facts(labels))),
+        _ => Some(best),
+    }
 }
 
 /// A validated pool of either kind (docs/cilium.md §2.6).
@@ -566,16 +634,7 @@ impl Pool {
     /// Service's namespace and name, whatever real labels of their keys say.
     pub(crate) fn guard(&self) -> Option<BTreeSet<Fact>> {
         if let Some(selector) = &self.selector {
-            // A namespace or name is likely the most telling requirement.
-            let pseudo_first =
-                |key: &str| u8::from(key != SERVICE_NAMESPACE_LABEL && key != SERVICE_NAME_LABEL);
-            let pairs = selector.required_pairs(pseudo_first)?;
-            let facts = pairs.into_iter().map(|(key, value)| match key {
-                SERVICE_NAME_LABEL => Fact::Name(value.to_owned()),
-                SERVICE_NAMESPACE_LABEL => Fact::Namespace(value.to_owned()),
-                _ => Fact::Label(key.to_owned(), value.to_owned()),
-            });
-            return Some(facts.collect());
+            return cilium_guard(selector);
         }
         self.allocation.as_ref()?.guard()
     }
@@ -1043,15 +1102,33 @@ mod tests {
             }),
             r#"{Label("app", "api"), Label("app", "db"), Label("app", "web")}"#
         );
-        // Both rules tell: the one with fewer facts.
+        // Both rules tell: each listed namespace with each required label.
         assert_eq!(
             guard(ServiceAllocationSpec {
                 namespaces: vec!["a".into(), "b".into()],
                 service_selectors: vec![labels(&[("app", "web"), ("tier", "x")])],
                 ..Default::default()
             }),
+            r#"{NamespacedLabel("a", "app", "web"), NamespacedLabel("b", "app", "web")}"#
+        );
+        // With a namespace selector, or too many pairs: the rule with fewer
+        // facts (the namespace on a tie).
+        assert_eq!(
+            guard(ServiceAllocationSpec {
+                namespaces: vec!["a".into()],
+                namespace_selectors: vec![labels(&[("tier", "gold")])],
+                service_selectors: vec![labels(&[("app", "web")])],
+                ..Default::default()
+            }),
             r#"{Label("app", "web")}"#
         );
+        let many: Vec<String> = (0..=MOST_PAIRED_FACTS).map(|i| format!("n{i}")).collect();
+        let too_many = metallb(ServiceAllocationSpec {
+            namespaces: many,
+            service_selectors: vec![labels(&[("app", "web")])],
+            ..Default::default()
+        });
+        assert_eq!(too_many.as_deref(), Some(r#"{Label("app", "web")}"#));
         assert_eq!(
             guard(ServiceAllocationSpec {
                 service_selectors: vec![labels(&[("app", "web")]), LabelSelectorSpec::default()],
@@ -1096,14 +1173,24 @@ mod tests {
             cilium(Some(labels(&[("app", "web")]))).as_deref(),
             Some(r#"{Label("app", "web")}"#)
         );
-        // A namespace before a label that requires as little.
+        // A namespace and a label: the pair.
         assert_eq!(
             cilium(Some(labels(&[
                 ("app", "web"),
                 (SERVICE_NAMESPACE_LABEL, "a")
             ])))
             .as_deref(),
-            Some(r#"{Namespace("a")}"#)
+            Some(r#"{NamespacedLabel("a", "app", "web")}"#)
+        );
+        // A name is telling enough alone.
+        assert_eq!(
+            cilium(Some(labels(&[
+                ("app", "web"),
+                (SERVICE_NAME_LABEL, "s"),
+                (SERVICE_NAMESPACE_LABEL, "a")
+            ])))
+            .as_deref(),
+            Some(r#"{Name("s")}"#)
         );
         assert_eq!(cilium(Some(LabelSelectorSpec::default())), None);
         assert_eq!(cilium(Some(selector("app", "Exists", &[]))), None);

@@ -107,11 +107,15 @@ impl Selector {
     /// Label pairs of which every label set the selector matches has at
     /// least one: the values of its most selective `matchLabels` entry or
     /// `In` expression (the fewest values; among equals, the key `prefer`
-    /// ranks lowest, then the first). `None` when it has neither (only
-    /// `NotIn`, `Exists`, `DoesNotExist`, or nothing): then no one pair is
-    /// needed. For indexing pinned pools by what they require
-    /// (docs/allocation.md §4.9).
-    pub(crate) fn required_pairs(&self, prefer: impl Fn(&str) -> u8) -> Option<Vec<(&str, &str)>> {
+    /// ranks lowest, then the first), among the keys `prefer` ranks at
+    /// all. `None` when it has neither (only `NotIn`, `Exists`,
+    /// `DoesNotExist`, or nothing): then no one pair is needed. For
+    /// indexing pinned pools by what they require (docs/allocation.md
+    /// §4.9).
+    pub(crate) fn required_pairs(
+        &self,
+        prefer: impl Fn(&str) -> Option<u8>,
+    ) -> Option<Vec<(&str, &str)>> {
         let mut best: Option<(&str, Vec<&str>)> = None;
         for requirement in &self.requirements {
             let (key, values): (&str, Vec<&str>) = match requirement {
@@ -119,6 +123,9 @@ impl Selector {
                 Requirement::In(key, values) => (key, values.iter().map(String::as_str).collect()),
                 _ => continue,
             };
+            if prefer(key).is_none() {
+                continue;
+            }
             let better =
                 |(k, b): &(&str, Vec<&str>)| (values.len(), prefer(key)) < (b.len(), prefer(k));
             if best.as_ref().is_none_or(better) {
@@ -230,7 +237,7 @@ pub(crate) mod tests {
         let parse = |labels: &[(&str, &str)], expressions: &[(&str, &str, &[&str])]| {
             Selector::parse(&spec(labels, expressions)).unwrap()
         };
-        let pairs = |s: &Selector| s.required_pairs(|_| 0).map(|p| format!("{p:?}"));
+        let pairs = |s: &Selector| s.required_pairs(|_| Some(0)).map(|p| format!("{p:?}"));
         assert_eq!(pairs(&parse(&[], &[])), None);
         let only_negative = parse(
             &[],
@@ -251,11 +258,15 @@ pub(crate) mod tests {
         // Among equals, the preferred key.
         let two = parse(&[("a", "1"), ("z", "2")], &[]);
         assert_eq!(pairs(&two).as_deref(), Some(r#"[("a", "1")]"#));
-        let z_first = two.required_pairs(|k| u8::from(k != "z"));
+        let z_first = two.required_pairs(|k| Some(u8::from(k != "z")));
         assert_eq!(format!("{z_first:?}"), r#"Some([("z", "2")])"#);
+        // A key not ranked is not considered.
+        let not_a = two.required_pairs(|k| (k != "a").then_some(0));
+        assert_eq!(format!("{not_a:?}"), r#"Some([("z", "2")])"#);
+        assert_eq!(two.required_pairs(|_| None), None);
         // Every label set the selector matches has one of the pairs.
         for selector in [with_in, both] {
-            let required = selector.required_pairs(|_| 0).unwrap();
+            let required = selector.required_pairs(|_| Some(0)).unwrap();
             for labels in [
                 labels(&[("t", "a")]),
                 labels(&[("t", "b"), ("z", "1")]),

@@ -1479,6 +1479,71 @@ mod cost {
         assert!(steps <= u64::from(P) * 8, "{steps} steps");
     }
 
+    /// P pools each pinned to namespace `a` and to its own `app: web-P`
+    /// label (by MetalLB's two rules, or by one Cilium selector of both),
+    /// and an unpinned pool: a Service of `a` with one of those labels
+    /// visits its own pool's rules, not those of every pool of the
+    /// namespace before it (indexed by the namespace alone, ~P/2 steps per
+    /// Service), and one without such a label goes on to the unpinned pool.
+    #[test]
+    fn pools_pinned_to_a_namespace_and_a_label_each_are_found_by_both() {
+        const P: u32 = 2000;
+        for cilium in [false, true] {
+            let mut a = Allocator::new();
+            for p in 0..P {
+                let (name, label) = (format!("web-{p:05}"), format!("web-{p}"));
+                let cidr = format!("{}/30", v4(4 * p));
+                if cilium {
+                    let spec = crate::cilium::CiliumLoadBalancerIPPoolSpec {
+                        blocks: vec![crate::cilium::CiliumBlock {
+                            cidr: Some(cidr),
+                            ..Default::default()
+                        }],
+                        service_selector: Some(LabelSelectorSpec {
+                            match_labels: [
+                                (SERVICE_NAMESPACE_LABEL.to_owned(), "a".to_owned()),
+                                ("app".to_owned(), label),
+                            ]
+                            .into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    };
+                    a.set_cilium_pool(&name, &spec);
+                } else {
+                    let spec = IPAddressPoolSpec {
+                        service_allocation: Some(ServiceAllocationSpec {
+                            namespaces: vec!["a".to_owned()],
+                            service_selectors: vec![LabelSelectorSpec {
+                                match_labels: [("app".to_owned(), label)].into(),
+                                ..Default::default()
+                            }],
+                            ..Default::default()
+                        }),
+                        ..pool_spec(&[&cidr])
+                    };
+                    a.set_pool(&name, &spec);
+                }
+            }
+            a.set_pool("rest", &pool_spec(&["10.200.0.0/16"]));
+            let before = a.steps();
+            for p in (0..P).rev() {
+                let mut web = svc(&format!("a/web-{p}"));
+                web.labels = [("app".to_owned(), format!("web-{p}"))].into();
+                let web = a.allocate(&web.req()).unwrap();
+                assert_eq!(web.pool, format!("web-{p:05}"), "cilium {cilium}");
+                // The same label in another namespace: no pinned pool.
+                let mut elsewhere = svc(&format!("b/web-{p}"));
+                elsewhere.labels = [("app".to_owned(), format!("web-{p}"))].into();
+                assert_eq!(a.allocate(&elsewhere.req()).unwrap().pool, "rest");
+                let plain = a.allocate(&svc(&format!("a/plain-{p}")).req()).unwrap();
+                assert_eq!(plain.pool, "rest");
+            }
+            let steps = a.steps() - before;
+            assert!(steps <= u64::from(P) * 12, "cilium {cilium}: {steps} steps");
+        }
+    }
+
     #[test]
     fn services_visit_only_the_pools_pinned_to_their_namespace() {
         for cilium in [false, true] {

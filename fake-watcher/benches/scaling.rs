@@ -1700,6 +1700,13 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         expect: |n| expect_all(n - n / 8 - 1),
     },
     GrowthShape {
+        name: "pinned_per_app",
+        what: "N/8 pools (/30) each pinned to one namespace and its own `app: web-i`, an unpinned pool, then Services there, each with one of those labels",
+        exception: None,
+        stream: pinned_per_app_stream,
+        expect: |n| expect_all(n - n / 8 - 1),
+    },
+    GrowthShape {
         name: "pinned_full_pools",
         what: "full_pools with every pool pinned to the Services' one namespace",
         exception: None,
@@ -1983,6 +1990,38 @@ fn pinned_not_serving_stream(n: usize) -> Result<Vec<u8>> {
             "ADDED",
             ("team", &format!("svc-{i}")),
             meta,
+            "",
+            PORT_80,
+        )?;
+    }
+    Ok(out)
+}
+
+/// N/8 pools of a /30 each, pinned to namespace `team` and each to its own
+/// `app: web-i` label, and one unpinned pool; then the rest of the N lines
+/// are Services of `team`, the i-th labelled `app: web-(i mod N/8)`: each
+/// is served by one pinned pool (the rest by the unpinned one once it is
+/// full), and must not ask the rules of the others.
+fn pinned_per_app_stream(n: usize) -> Result<Vec<u8>> {
+    let pools = (n / 8).max(1);
+    let mut out = Vec::with_capacity(n * 220);
+    for i in 0..pools {
+        let (first, _) = block(i, 4);
+        pool_with(
+            &mut out,
+            &format!("web-{i}"),
+            &format!(
+                r#"{{"addresses":["{first}/30"],"serviceAllocation":{{"namespaces":["team"],"serviceSelectors":[{{"matchLabels":{{"app":"web-{i}"}}}}]}}}}"#
+            ),
+        )?;
+    }
+    pool_line(&mut out, "ADDED", "rest", &[POOL_V4])?;
+    for i in pools + 1..n {
+        service_line(
+            &mut out,
+            "ADDED",
+            ("team", &format!("svc-{i}")),
+            &format!(r#","labels":{{"app":"web-{}"}}"#, i % pools),
             "",
             PORT_80,
         )?;
