@@ -563,6 +563,8 @@ pub struct Allocator {
     /// [`Allocator::take_regrouped`]: with `departures`, where the holder
     /// a refused Service's message names may have changed.
     joins: BTreeSet<IpAddr>,
+    /// Per family: whether `departures` or `joins` has an address of it.
+    regrouped_families: [bool; 2],
     /// Search steps taken (entries, runs, holders and pools looked at):
     /// what cost tests count.
     steps: Cell<u64>,
@@ -1355,10 +1357,20 @@ impl Allocator {
     /// change of a holder's sharing terms is a release and a new hold, so
     /// this names every address whose holders changed.
     pub fn take_regrouped(&mut self) -> Regrouped {
+        self.regrouped_families = [false; 2];
         Regrouped {
             left: std::mem::take(&mut self.departures).into_iter().collect(),
             joined: std::mem::take(&mut self.joins).into_iter().collect(),
         }
+    }
+
+    /// Whether a holder left or joined an address of `family` since the
+    /// last [`Allocator::take_regrouped`]: O(1).
+    pub fn regrouped_since(&self, family: Family) -> bool {
+        self.regrouped_families
+            .get(family.index())
+            .copied()
+            .unwrap_or(true)
     }
 
     /// Takes `key` (whose holding was `held`) off `ip`, freeing it when no
@@ -1372,6 +1384,9 @@ impl Allocator {
             let (family, value) = to_int(ip);
             let pool = held.pool_of(ip);
             self.departures.insert((Arc::clone(pool), ip));
+            if let Some(pending) = self.regrouped_families.get_mut(Family::of(ip).index()) {
+                *pending = true;
+            }
             let Some(state) = self.pools.get_mut(pool) else {
                 if !still_held {
                     self.addresses.remove(&ip);
@@ -1421,6 +1436,9 @@ impl Allocator {
                     );
                     holders.add(Arc::clone(&key), (held.ports(), held.tenancy()), first);
                     self.joins.insert(ip);
+                    if let Some(pending) = self.regrouped_families.get_mut(Family::of(ip).index()) {
+                        *pending = true;
+                    }
                     false
                 }
                 None => {

@@ -438,6 +438,33 @@ fn requested_pool() {
     ));
 }
 
+/// A holder leaving or joining an address is remembered per family until
+/// it is taken (the manager reads it to know which waiting holders a
+/// change of terms may concern, docs/allocation.md §4.9).
+#[test]
+fn regrouped_families_are_remembered_until_taken() {
+    let mut a = Allocator::new();
+    a.set_pool("p", &pool_spec(&["10.0.0.0/24", "fd00::/120"]));
+    for name in ["ns/a", "ns/b"] {
+        a.allocate(&svc(name).share("k", &[80]).dual().req())
+            .unwrap();
+    }
+    a.take_regrouped();
+    assert!(!a.regrouped_since(Family::V4) && !a.regrouped_since(Family::V6));
+    // The same address, other ports: a leave and a join of IPv4 only.
+    let held = a.held("ns/a").map(|(_, ips)| ips.to_vec()).unwrap();
+    let v4: Vec<IpAddr> = held.iter().copied().filter(IpAddr::is_ipv4).collect();
+    let moved = svc("ns/c").share("k", &[81]);
+    a.allocate(&moved.req()).unwrap();
+    a.take_regrouped();
+    let kept = a.keep(&svc("ns/c").share("k", &[82]).req(), &v4).unwrap();
+    assert_eq!(kept.ips, v4);
+    assert!(a.regrouped_since(Family::V4) && !a.regrouped_since(Family::V6));
+    let taken = a.take_regrouped();
+    assert!(!taken.left.is_empty());
+    assert!(!a.regrouped_since(Family::V4) && !a.regrouped_since(Family::V6));
+}
+
 #[test]
 fn dual_stack_policies() {
     let mut a = with_pools(&[

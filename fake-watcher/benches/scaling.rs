@@ -1624,6 +1624,16 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         },
     },
     GrowthShape {
+        name: "sharing_port_changes",
+        what: "sharing_ports over N/2 Services, then each changes its port's protocol in turn (N/2 updates of one holder among N/2)",
+        exception: None,
+        stream: sharing_port_changes_stream,
+        expect: |n| Expect {
+            served: n / 2,
+            addresses: Some(1),
+        },
+    },
+    GrowthShape {
         name: "sharing_deletes",
         what: "one sharing key over 3N/4 RequireDualStack Services, each its own port (one pair), then N/4 of them deleted",
         exception: None,
@@ -2058,6 +2068,27 @@ fn sharing_ports_stream(n: usize) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(n * 260);
     pool_line(&mut out, "ADDED", "main", &["10.0.0.0/24"])?;
     own_port_services(&mut out, n, "")?;
+    Ok(out)
+}
+
+/// [`sharing_ports_stream`] over N/2 Services, then each of them changes
+/// its port to UDP: every update changes the terms of one holder of an
+/// address that N/2 Services share, and nobody moves.
+fn sharing_port_changes_stream(n: usize) -> Result<Vec<u8>> {
+    let services = n / 2;
+    let mut out = Vec::with_capacity(n * 260);
+    pool_line(&mut out, "ADDED", "main", &["10.0.0.0/24"])?;
+    own_port_services(&mut out, services, "")?;
+    for i in 0..services {
+        service_line(
+            &mut out,
+            "MODIFIED",
+            (&namespace_of(i), &format!("svc-{i}")),
+            SHARED_ONE,
+            "",
+            &format!(r#"[{{"port":{},"protocol":"UDP"}}]"#, 1 + i % 65_535),
+        )?;
+    }
     Ok(out)
 }
 

@@ -1631,6 +1631,67 @@ mod cost {
         stats.reconciliations + stats.restores
     }
 
+    /// N Services of one sharing key on one address, each its own port;
+    /// then each changes its port's protocol in turn. The others on the
+    /// address are settled and keep (no two conflicting holders share an
+    /// address), so a change costs its own reconciliation, not one per
+    /// holder (the old code reconsidered every holder: N²/2 in all). One
+    /// that now conflicts still moves.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_holder_changing_its_ports_costs_no_look_at_the_settled_others() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.0/24"]))]).await;
+        for i in 0..N {
+            let port = i32::try_from(i).unwrap() + 1;
+            h.add(svc(&format!("ns/s{i}")).shared("k").port(port)).await;
+        }
+        assert_eq!(h.status("ns/s0"), "10.0.0.0 @a");
+        let before = work(&h);
+        for i in 0..N {
+            let port = i32::try_from(i).unwrap() + 1;
+            h.edit(&format!("ns/s{i}"), |s| s.ports(&[("UDP", port)]))
+                .await;
+        }
+        assert!(work(&h) - before <= 3 * N as u64, "{}", work(&h) - before);
+        for i in 0..N {
+            assert_eq!(h.status(&format!("ns/s{i}")), "10.0.0.0 @a");
+        }
+        h.edit("ns/s1", |s| s.ports(&[("UDP", 1)])).await;
+        assert_eq!(h.status("ns/s1"), "10.0.0.1 @a");
+        assert_eq!(h.status("ns/s0"), "10.0.0.0 @a");
+    }
+
+    /// N half-served PreferDualStack Services of one key share an IPv4
+    /// address and wait for IPv6 (the one IPv6 address is held by a
+    /// Service that does not share); each changes its port in turn. Such a
+    /// change concerns IPv4 only, so the waiting others are not run again
+    /// (the old code ran every holder: N² in all); once the IPv6 address
+    /// is freed they complete, as before.
+    #[tokio::test(flavor = "current_thread")]
+    async fn half_served_holders_are_not_run_again_for_a_change_of_the_family_they_hold() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.0/24", "fd00::1"]))]).await;
+        h.add(svc("ns/t").v6()).await;
+        let half = |i: usize, protocol: &str| {
+            let port = i32::try_from(i).unwrap() + 1;
+            svc(&format!("ns/s{i}"))
+                .dual("PreferDualStack", false)
+                .shared("k")
+                .ports(&[(protocol, port)])
+        };
+        for i in 0..N {
+            h.add(half(i, "TCP")).await;
+        }
+        assert_eq!(h.waiting().len(), N);
+        let before = work(&h);
+        for i in 0..N {
+            h.edit(&format!("ns/s{i}"), |_| half(i, "UDP")).await;
+        }
+        assert!(work(&h) - before <= 3 * N as u64, "{}", work(&h) - before);
+        assert_eq!(h.status("ns/s0"), "10.0.0.0 @a");
+        h.delete("ns/t").await;
+        assert_eq!(h.status("ns/s0"), "10.0.0.0 fd00::1 @a");
+        assert_eq!(h.status(&format!("ns/s{}", N - 1)), "10.0.0.0 fd00::1 @a");
+    }
+
     /// Half-served PreferDualStack Services wait for an IPv6 address that
     /// never comes; churn of other Services (each delete frees an IPv4
     /// address) wakes none of them.

@@ -165,6 +165,133 @@ struct State {
     /// not): while there is one, Services carry Cilium's condition
     /// (docs/cilium.md §3.6).
     cilium_pools: BTreeSet<String>,
+    unsettled: Unsettled,
+}
+
+/// The Services holding addresses whose last reconciliation did not end
+/// settled (waiting, invalid, or a write to retry), by the addresses they
+/// hold. When a holder changes its sharing terms, only these among the
+/// others on its addresses can change (docs/allocation.md §4.9): the
+/// allocator lets no two conflicting holders share an address, and the
+/// sharing rules are symmetric, so a settled holder keeps as it was.
+#[derive(Debug, Default)]
+struct Unsettled {
+    held: HashMap<String, (Vec<IpAddr>, Slot), FastHash>,
+    /// Those whose last decision held one family and waits for the other
+    /// (§4.3), booked by the plan for [`Unsettled::book`].
+    half_served: HashSet<String, FastHash>,
+    /// Per address, its unsettled holders by [`Slot`].
+    on: HashMap<IpAddr, [BTreeSet<String>; 3], FastHash>,
+}
+
+/// Which unsettled holders a change of another holder's terms may change:
+/// index into [`Unsettled::on`].
+type Slot = usize;
+/// Invalid, a write to retry, or waiting with no family lacking: always.
+const ALWAYS: Slot = 0;
+
+/// A half-served holder lacking `family` (§4.6): only when what changed
+/// concerns that family.
+fn lacking_slot(family: Family) -> Slot {
+    match family {
+        Family::V4 => 1,
+        Family::V6 => 2,
+    }
+}
+
+impl Unsettled {
+    fn set_half_served(&mut self, key: &str, half_served: bool) {
+        if half_served {
+            self.half_served.insert(key.to_owned());
+        } else {
+            self.half_served.remove(key);
+        }
+    }
+
+    /// Books how the reconciliation of `key` ended: `held` are its
+    /// addresses if it did not end settled, and whether it waits.
+    fn book(&mut self, key: &str, held: &[IpAddr], waiting: bool) {
+        if let Some((ips, slot)) = self.held.remove(key) {
+            for ip in ips {
+                if let Some(slots) = self.on.get_mut(&ip) {
+                    if let Some(keys) = slots.get_mut(slot) {
+                        keys.remove(key);
+                    }
+                    if slots.iter().all(BTreeSet::is_empty) {
+                        self.on.remove(&ip);
+                    }
+                }
+            }
+        }
+        if held.is_empty() {
+            return;
+        }
+        let holds = |family| held.iter().any(|ip| Family::of(*ip) == family);
+        let waiting = waiting && self.half_served.contains(key);
+        let slot = match (waiting, holds(Family::V4), holds(Family::V6)) {
+            (true, true, false) => lacking_slot(Family::V6),
+            (true, false, true) => lacking_slot(Family::V4),
+            _ => ALWAYS,
+        };
+        for ip in held {
+            let slots = self.on.entry(*ip).or_default();
+            if let Some(keys) = slots.get_mut(slot) {
+                keys.insert(key.to_owned());
+            }
+        }
+        self.held.insert(key.to_owned(), (held.to_vec(), slot));
+    }
+
+    /// The unsettled Services other than `key` that hold one of `before`'s
+    /// addresses now, sorted (an entry may be stale: a pool change may
+    /// have released it since). A waiting one is left out when neither
+    /// this change (`before` to `after`) nor a change of holders since the
+    /// last wake concerns the family it lacks: the addresses of that
+    /// family are as they were when it last failed for them.
+    fn others_on(
+        &self,
+        allocator: &Allocator,
+        key: &str,
+        before: &AllocatorHolding,
+        after: Option<&AllocatorHolding>,
+    ) -> Vec<String> {
+        let changed = |family: Family| {
+            allocator.regrouped_since(family)
+                || before
+                    .ips
+                    .iter()
+                    .chain(after.iter().flat_map(|a| &a.ips))
+                    .any(|ip| Family::of(*ip) == family)
+        };
+        let slots: Vec<Slot> = std::iter::once(ALWAYS)
+            .chain(
+                [Family::V4, Family::V6]
+                    .into_iter()
+                    .filter(|family| changed(*family))
+                    .map(lacking_slot),
+            )
+            .collect();
+        let mut others: Vec<String> = Vec::new();
+        for ip in &before.ips {
+            let Some(on) = self.on.get(ip) else {
+                continue;
+            };
+            let holders = slots.iter().filter_map(|slot| on.get(*slot)).flatten();
+            others.extend(
+                holders
+                    .filter(|other| {
+                        *other != key
+                            && allocator
+                                .held(other)
+                                .is_some_and(|(_, ips)| ips.contains(ip))
+                    })
+                    .cloned(),
+            );
+        }
+        others.sort();
+        others.dedup();
+        others
+    }
 }
 
 impl State {
@@ -467,6 +594,14 @@ impl AllocatingController {
             stale_status,
         };
         let decision = decide(&mut state.allocator, &input);
+        let half_served = matches!(
+            decision.outcome,
+            Outcome::Holds {
+                waits_for_family: true,
+                ..
+            }
+        );
+        state.unsettled.set_half_served(key, half_served);
         let mut events = decision_events(&decision, announced_clear.as_ref(), &status);
         let warned = announce_warning(state, key, service, &decision.outcome, &mut events);
         let after = state.allocator.holding(key);
@@ -484,13 +619,22 @@ impl AllocatingController {
             after: after.as_ref(),
             sharing_before,
         };
+        let (allocator, unsettled) = (&state.allocator, &state.unsettled);
+        let others = |before: &AllocatorHolding, after: Option<&AllocatorHolding>| {
+            if self.config.exhaustive {
+                others_on(allocator, key, before)
+            } else {
+                unsettled.others_on(allocator, key, before, after)
+            }
+        };
         let mut outcome = sync_outcome(
-            &state.allocator,
+            allocator,
             key,
             &view,
             labels_of(&namespace),
             &decision.outcome,
             &changed,
+            &others,
         );
         add_regrouped(&mut outcome, &mut state.allocator);
         if self.config.exhaustive {
@@ -544,6 +688,7 @@ impl AllocatingController {
     /// no event; what we wrote on it is cleared (§4.1).
     fn plan_not_ours(&self, state: &mut State, key: &str, service: &Service) -> Plan {
         let released = state.allocator.release(key);
+        state.unsettled.set_half_served(key, false);
         state.last_warning.remove(key);
         // What we wrote is cleared when we held it (and, if that write
         // fails, until it goes through), or (after a restart) when the
@@ -723,6 +868,7 @@ fn created_of(
 /// may serve, and those whose holders changed since the last wake (§4.9).
 fn plan_delete(state: &mut State, key: &str) -> Plan {
     let released = state.allocator.release(key);
+    state.unsettled.set_half_served(key, false);
     state.last_warning.remove(key);
     state.owed_clears.remove(key);
     let mut outcome = SyncOutcome::success();
@@ -915,7 +1061,8 @@ struct Change<'a> {
 
 /// What the manager must do after a decision: wait (and for what), wake
 /// the waiting that a release may serve (§4.6), reconsider the others on
-/// an address whose holder changed its sharing key or ports.
+/// an address whose holder changed its sharing key or ports (`others_on`
+/// lists those that may change).
 fn sync_outcome(
     allocator: &Allocator,
     key: &str,
@@ -923,6 +1070,7 @@ fn sync_outcome(
     namespace_labels: &BTreeMap<String, String>,
     decided: &Outcome,
     change: &Change<'_>,
+    others_on: &dyn Fn(&AllocatorHolding, Option<&AllocatorHolding>) -> Vec<String>,
 ) -> SyncOutcome {
     let mut outcome = match decided {
         Outcome::Holds {
@@ -951,7 +1099,7 @@ fn sync_outcome(
     outcome.freed = freed(allocator, change.before, change.after);
     if let (Some(before), Some(sharing_before)) = (change.before, &change.sharing_before) {
         if sharing_of(allocator, key).as_ref() != Some(sharing_before) {
-            let others = others_on(allocator, key, before);
+            let others = others_on(before, change.after);
             if !others.is_empty() {
                 outcome.reconsider = Reconsider::Keys(others);
             }
@@ -1396,7 +1544,17 @@ impl Controller for AllocatingController {
             self.plan(&mut state, key, service)
         };
         debug!(key, ?plan, "reconciled");
-        self.carry_out(key, plan).await
+        let outcome = self.carry_out(key, plan).await;
+        let mut state = self.lock();
+        let held = match outcome.state {
+            SyncState::Success => None,
+            _ => state.allocator.held(key).map(|(_, ips)| ips.to_vec()),
+        };
+        let waiting = outcome.state == SyncState::Waiting;
+        state
+            .unsettled
+            .book(key, held.as_deref().unwrap_or_default(), waiting);
+        outcome
     }
 
     async fn set_pool(&self, name: &str, pool: Option<&IPAddressPool>) -> SyncOutcome {
