@@ -1231,6 +1231,52 @@ mod cost {
         assert_linear(&a, N + 1, 16);
     }
 
+    /// Pool `name` of `cidr` pinned to `namespace` and, if given, to the
+    /// `app` label `app`: by MetalLB's `serviceAllocation`, or by one Cilium
+    /// selector of the namespace pseudo-label (and the label).
+    fn pinned_pool(
+        a: &mut Allocator,
+        cilium: bool,
+        (name, cidr): (&str, String),
+        namespace: String,
+        app: Option<String>,
+    ) {
+        if cilium {
+            let mut labels: BTreeMap<String, String> =
+                [(SERVICE_NAMESPACE_LABEL.to_owned(), namespace)].into();
+            labels.extend(app.map(|app| ("app".to_owned(), app)));
+            let spec = crate::cilium::CiliumLoadBalancerIPPoolSpec {
+                blocks: vec![crate::cilium::CiliumBlock {
+                    cidr: Some(cidr),
+                    ..Default::default()
+                }],
+                service_selector: Some(LabelSelectorSpec {
+                    match_labels: labels,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            a.set_cilium_pool(name, &spec);
+        } else {
+            let service_selectors = app
+                .map(|app| LabelSelectorSpec {
+                    match_labels: [("app".to_owned(), app)].into(),
+                    ..Default::default()
+                })
+                .into_iter()
+                .collect();
+            let spec = IPAddressPoolSpec {
+                service_allocation: Some(ServiceAllocationSpec {
+                    namespaces: vec![namespace],
+                    service_selectors,
+                    ..Default::default()
+                }),
+                ..pool_spec(&[&cidr])
+            };
+            a.set_pool(name, &spec);
+        }
+    }
+
     /// P pools each pinned to its own namespace, then a Service in each
     /// of those namespaces and one in a namespace no pool names: each
     /// visits the pools its namespace leads to, not every pinned pool with
@@ -1242,29 +1288,7 @@ mod cost {
         for p in 0..pools {
             let (name, namespace) = (format!("p{p:05}"), format!("ns-{p:05}"));
             let cidr = format!("{}/28", v4(16 * p));
-            if cilium {
-                let spec = crate::cilium::CiliumLoadBalancerIPPoolSpec {
-                    blocks: vec![crate::cilium::CiliumBlock {
-                        cidr: Some(cidr),
-                        ..Default::default()
-                    }],
-                    service_selector: Some(LabelSelectorSpec {
-                        match_labels: [(SERVICE_NAMESPACE_LABEL.to_owned(), namespace)].into(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                };
-                a.set_cilium_pool(&name, &spec);
-            } else {
-                let spec = IPAddressPoolSpec {
-                    service_allocation: Some(ServiceAllocationSpec {
-                        namespaces: vec![namespace],
-                        ..Default::default()
-                    }),
-                    ..pool_spec(&[&cidr])
-                };
-                a.set_pool(&name, &spec);
-            }
+            pinned_pool(&mut a, cilium, (&name, cidr), namespace, None);
         }
         a.set_pool("rest", &pool_spec(&["10.200.0.0/16"]));
         let before = a.steps();
@@ -1520,37 +1544,7 @@ mod cost {
             for p in 0..P {
                 let (name, label) = (format!("web-{p:05}"), format!("web-{p}"));
                 let cidr = format!("{}/30", v4(4 * p));
-                if cilium {
-                    let spec = crate::cilium::CiliumLoadBalancerIPPoolSpec {
-                        blocks: vec![crate::cilium::CiliumBlock {
-                            cidr: Some(cidr),
-                            ..Default::default()
-                        }],
-                        service_selector: Some(LabelSelectorSpec {
-                            match_labels: [
-                                (SERVICE_NAMESPACE_LABEL.to_owned(), "a".to_owned()),
-                                ("app".to_owned(), label),
-                            ]
-                            .into(),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    };
-                    a.set_cilium_pool(&name, &spec);
-                } else {
-                    let spec = IPAddressPoolSpec {
-                        service_allocation: Some(ServiceAllocationSpec {
-                            namespaces: vec!["a".to_owned()],
-                            service_selectors: vec![LabelSelectorSpec {
-                                match_labels: [("app".to_owned(), label)].into(),
-                                ..Default::default()
-                            }],
-                            ..Default::default()
-                        }),
-                        ..pool_spec(&[&cidr])
-                    };
-                    a.set_pool(&name, &spec);
-                }
+                pinned_pool(&mut a, cilium, (&name, cidr), "a".to_owned(), Some(label));
             }
             a.set_pool("rest", &pool_spec(&["10.200.0.0/16"]));
             let before = a.steps();

@@ -1976,35 +1976,11 @@ fn pools_added_stream(n: usize, live: bool) -> Result<Vec<u8>> {
 /// Services of `team`, every other one `app: web`: the others are served
 /// by none of the pinned pools, whose rules they ask once.
 fn pinned_not_serving_stream(n: usize) -> Result<Vec<u8>> {
-    let pools = n / 8;
-    let mut out = Vec::with_capacity(n * 220);
-    for i in 0..pools {
-        let (first, _) = block(i, 4);
-        pool_with(
-            &mut out,
-            &format!("web-{i}"),
-            &format!(
-                r#"{{"addresses":["{first}/30"],"serviceAllocation":{{"namespaces":["team"],"serviceSelectors":[{{"matchLabels":{{"app":"web"}}}}]}}}}"#
-            ),
-        )?;
-    }
-    pool_line(&mut out, "ADDED", "rest", &[POOL_V4])?;
-    for i in pools + 1..n {
-        let meta = if i % 2 == 0 {
-            r#","labels":{"app":"web"}"#
-        } else {
-            ""
-        };
-        service_line(
-            &mut out,
-            "ADDED",
-            ("team", &format!("svc-{i}")),
-            meta,
-            "",
-            PORT_80,
-        )?;
-    }
-    Ok(out)
+    pinned_by_label_stream(
+        n,
+        |_| "web".to_owned(),
+        |i, _| (i % 2 == 0).then(|| "web".to_owned()),
+    )
 }
 
 /// N/8 pools of a /30 each, pinned to namespace `team` and each to its own
@@ -2013,25 +1989,44 @@ fn pinned_not_serving_stream(n: usize) -> Result<Vec<u8>> {
 /// is served by one pinned pool (the rest by the unpinned one once it is
 /// full), and must not ask the rules of the others.
 fn pinned_per_app_stream(n: usize) -> Result<Vec<u8>> {
+    pinned_by_label_stream(
+        n,
+        |i| format!("web-{i}"),
+        |i, pools| Some(format!("web-{}", i % pools)),
+    )
+}
+
+/// N/8 pools of a /30 each, pinned to namespace `team` and the `app` label
+/// `pool_app(i)`, one unpinned pool, then the rest of the N lines Services
+/// of `team`, the i-th with the `app` label `service_app(i, pools)`.
+fn pinned_by_label_stream(
+    n: usize,
+    pool_app: impl Fn(usize) -> String,
+    service_app: impl Fn(usize, usize) -> Option<String>,
+) -> Result<Vec<u8>> {
     let pools = (n / 8).max(1);
     let mut out = Vec::with_capacity(n * 220);
     for i in 0..pools {
         let (first, _) = block(i, 4);
+        let app = pool_app(i);
         pool_with(
             &mut out,
             &format!("web-{i}"),
             &format!(
-                r#"{{"addresses":["{first}/30"],"serviceAllocation":{{"namespaces":["team"],"serviceSelectors":[{{"matchLabels":{{"app":"web-{i}"}}}}]}}}}"#
+                r#"{{"addresses":["{first}/30"],"serviceAllocation":{{"namespaces":["team"],"serviceSelectors":[{{"matchLabels":{{"app":"{app}"}}}}]}}}}"#
             ),
         )?;
     }
     pool_line(&mut out, "ADDED", "rest", &[POOL_V4])?;
     for i in pools + 1..n {
+        let meta = service_app(i, pools)
+            .map(|app| format!(r#","labels":{{"app":"{app}"}}"#))
+            .unwrap_or_default();
         service_line(
             &mut out,
             "ADDED",
             ("team", &format!("svc-{i}")),
-            &format!(r#","labels":{{"app":"web-{}"}}"#, i % pools),
+            &meta,
             "",
             PORT_80,
         )?;
