@@ -213,6 +213,12 @@ fn group_of_request(request: &Request<'_>) -> Option<String> {
 }
 
 /// The rule tag and sharing key part of a group.
+/// The namespace part of a Service key `namespace/name` (the whole key
+/// when it has no `/`).
+fn namespace_of_key(key: &str) -> &str {
+    key.split_once('/').map_or(key, |(namespace, _)| namespace)
+}
+
 fn sharing_part(group: &str) -> &str {
     group
         .split_once(':')
@@ -554,6 +560,9 @@ pub struct Allocator {
     index: BTreeMap<(Family, u128), (u128, Arc<str>)>,
     auto: AutoIndex,
     services: HashMap<Arc<str>, Held, FastHash>,
+    /// How many of `services` each namespace has (keys `namespace/name`):
+    /// a Namespace change with none there looks at no key.
+    holders_per_namespace: HashMap<Box<str>, u32, FastHash>,
     addresses: HashMap<IpAddr, Holders, FastHash>,
     /// Each address a holder left (or left and took again on other terms)
     /// since [`Allocator::take_regrouped`], with its pool: where a Service
@@ -1091,7 +1100,7 @@ impl Allocator {
         let gone_names: BTreeSet<&str> = gone.iter().map(|state| &*state.name).collect();
         let mut services = Vec::with_capacity(keys.len());
         for key in &keys {
-            if let Some(entry) = self.services.remove_entry(key) {
+            if let Some(entry) = self.remove_service(key) {
                 for &ip in entry.1.ips.iter() {
                     if gone_names.contains(&**entry.1.pool_of(ip)) {
                         // All holders of an address are in its one pool:
@@ -1310,6 +1319,29 @@ impl Allocator {
         self.addresses.contains_key(&ip)
     }
 
+    /// The Services holding addresses in `namespace` (keys
+    /// `namespace/name`), sorted: for a Namespace change, which only they
+    /// among the holders may feel. Nothing when none does; else one look
+    /// at each holder's key (no search: a change of a Namespace with
+    /// Services in it is rare beside Service events).
+    pub fn holders_in_namespace(&self, namespace: &str) -> Vec<String> {
+        if !self.holders_per_namespace.contains_key(namespace) {
+            return Vec::new();
+        }
+        self.step(self.services.len() as u64);
+        let mut keys: Vec<String> = self
+            .services
+            .keys()
+            .filter(|key| {
+                key.strip_prefix(namespace)
+                    .is_some_and(|name| name.starts_with('/'))
+            })
+            .map(|key| key.to_string())
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
     /// The Services holding addresses in the pool `name`, sorted: costs
     /// their number, not the pool's size.
     pub fn holders_in(&self, name: &str) -> Vec<String> {
@@ -1345,7 +1377,7 @@ impl Allocator {
 
     /// Releases whatever `key` holds; returns what it held.
     pub fn release(&mut self, key: &str) -> Option<Holding> {
-        let (key, held) = self.services.remove_entry(key)?;
+        let (key, held) = self.remove_service(key)?;
         for &ip in held.ips.iter() {
             self.release_ip(&key, &held, ip);
         }
@@ -1480,7 +1512,29 @@ impl Allocator {
                 self.update_group(pool_name, family, &group);
             }
         }
-        self.services.insert(key, held);
+        let counted = Arc::clone(&key);
+        if self.services.insert(key, held).is_none() {
+            let namespace = namespace_of_key(&counted);
+            match self.holders_per_namespace.get_mut(namespace) {
+                Some(count) => *count += 1,
+                None => {
+                    self.holders_per_namespace.insert(namespace.into(), 1);
+                }
+            }
+        }
+    }
+
+    /// Takes `key` out of the Services that hold addresses.
+    fn remove_service(&mut self, key: &str) -> Option<(Arc<str>, Held)> {
+        let entry = self.services.remove_entry(key)?;
+        let namespace = namespace_of_key(key);
+        if let Some(count) = self.holders_per_namespace.get_mut(namespace) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.holders_per_namespace.remove(namespace);
+            }
+        }
+        Some(entry)
     }
 
     fn hold(&mut self, request: &Request<'_>, pools: Pools, mut ips: Vec<IpAddr>) -> Holding {

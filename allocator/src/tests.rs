@@ -2676,3 +2676,35 @@ mod pinned_index {
         }
     }
 }
+
+/// The holders of a namespace, as a Namespace change asks for them: kept
+/// through holds, releases and a pool removal that moves or releases them;
+/// a namespace with none costs no look at any key.
+#[test]
+fn the_holders_of_a_namespace_follow_holds_and_releases() {
+    let mut a = with_pools(&[("p", &["10.0.0.0/30"]), ("q", &["10.0.1.0/30"])]);
+    for key in ["a/s1", "ab/s2", "a/s0", "b/s3"] {
+        one(&mut a, &svc(key));
+    }
+    assert_eq!(a.holders_in_namespace("a"), ["a/s0", "a/s1"]);
+    assert_eq!(a.holders_in_namespace("ab"), ["ab/s2"]);
+    a.release("a/s1");
+    assert_eq!(a.holders_in_namespace("a"), ["a/s0"]);
+    a.release("a/s0");
+    let before = a.steps();
+    assert!(a.holders_in_namespace("a").is_empty());
+    assert!(a.holders_in_namespace("c").is_empty());
+    assert_eq!(a.steps(), before);
+    // Holding again after the release counts once, not twice.
+    one(&mut a, &svc("a/s0"));
+    one(&mut a, &svc("a/s0"));
+    assert_eq!(a.holders_in_namespace("a"), ["a/s0"]);
+    // Pool p goes with all three holders: released (none moves to q).
+    let released = a.remove_pool("p").released;
+    assert_eq!(released.len(), 3);
+    assert!(a.holders_in_namespace("a").is_empty());
+    assert!(a.holders_in_namespace("ab").is_empty());
+    assert!(a.holders_in_namespace("b").is_empty());
+    one(&mut a, &svc("b/s4"));
+    assert_eq!(a.holders_in_namespace("b"), ["b/s4"]);
+}

@@ -1745,6 +1745,48 @@ mod cost {
         assert_eq!(h.status("ns/s0"), "10.0.0.0 @a");
     }
 
+    /// Namespaces labelled one by one beside N Services that hold
+    /// addresses in other namespaces: a pool's selectors read only the
+    /// labels of a Service's own Namespace, so the first pass looks at the
+    /// holders of the changed Namespace alone (the old one restored all N
+    /// on each change). A holder in the changed Namespace that the new
+    /// labels no longer allow still moves.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_namespace_label_change_looks_only_at_that_namespaces_holders() {
+        let h = Harness::with_pools(&[
+            (
+                "prod",
+                json!({
+                    "addresses": ["10.1.5.0/24"],
+                    "serviceAllocation": {"namespaceSelectors": [{"matchLabels": {"env": "prod"}}]},
+                }),
+            ),
+            ("a", addrs(&["10.0.0.0/16"])),
+        ])
+        .await;
+        h.namespace("team", &[("env", "prod")]).await;
+        h.add(svc("team/s")).await;
+        for i in 0..N {
+            h.add(svc(&format!("ns{}/s{i}", i % 10))).await;
+        }
+        assert_eq!(h.status("team/s"), "10.1.5.0 @prod");
+        assert!(h.waiting().is_empty());
+        let before = work(&h);
+        for i in 0..N {
+            h.namespace(&format!("new{i}"), &[("env", "dev")]).await;
+        }
+        assert!(work(&h) - before <= N as u64, "{}", work(&h) - before);
+        h.namespace("ns3", &[("env", "dev")]).await;
+        assert_eq!(h.status("ns3/s3"), "10.0.0.3 @a");
+        h.take();
+        h.namespace("team", &[("env", "dev")]).await;
+        assert_eq!(h.status("team/s"), "10.0.1.144 @a");
+        assert_eq!(
+            events(&h.take()),
+            ["team/s Normal ClearAssignment", "team/s Normal IPAllocated"]
+        );
+    }
+
     /// Deletes from one big sharing group: a delete asks whether the
     /// address it left is still held, not who holds it (the old code
     /// listed every other holder on each delete: N² in all).

@@ -157,9 +157,9 @@ struct State {
     /// Services that stopped being ours and whose clearing write has not
     /// gone through yet.
     owed_clears: HashSet<String, FastHash>,
-    /// The Services the last pool change may have touched (see
-    /// `touched_by_change`). `None` after a Namespace change or sync, when
-    /// any pool may serve otherwise.
+    /// The Services the last pool or Namespace change may have touched
+    /// (see `touched_by_change`). `None` at sync, when any pool may serve
+    /// otherwise.
     touched: Option<Vec<String>>,
     /// The `CiliumLoadBalancerIPPool` objects that exist (accepted or
     /// not): while there is one, Services carry Cilium's condition
@@ -1199,10 +1199,27 @@ fn touched_by(state: &State, change: &PoolChange) -> Vec<String> {
     for pool in &change.changed {
         touched.extend(state.allocator.holders_in(pool));
     }
-    touched.extend(state.last_warning.keys().cloned());
-    touched.extend(state.announced_clears.keys().cloned());
-    touched.extend(state.owed_clears.iter().cloned());
+    touched.extend(pending_announcements(state));
     touched
+}
+
+/// The Services a change of the labels of Namespace `name` may have
+/// touched: those holding addresses in it, and those with a Warning, an
+/// announced clearing or an owed clear pending (as for a pool change).
+fn touched_by_namespace(state: &State, name: &str) -> Vec<String> {
+    let mut touched = state.allocator.holders_in_namespace(name);
+    touched.extend(pending_announcements(state));
+    touched
+}
+
+/// The Services with a Warning, an announced clearing or an owed clear
+/// pending: a change may let their next reconciliation announce otherwise.
+fn pending_announcements(state: &State) -> impl Iterator<Item = String> + '_ {
+    let warned = state.last_warning.keys().cloned();
+    let cleared = state.announced_clears.keys().cloned();
+    warned
+        .chain(cleared)
+        .chain(state.owed_clears.iter().cloned())
 }
 
 fn others_on(allocator: &Allocator, key: &str, holding: &AllocatorHolding) -> Vec<String> {
@@ -1618,8 +1635,6 @@ impl Controller for AllocatingController {
             .unwrap_or_default();
         let changed = {
             let mut state = self.lock();
-            // Labels may change what every pool serves.
-            state.touched = None;
             let previous = if labels.is_empty() {
                 state.namespace_labels.remove(name)
             } else {
@@ -1627,7 +1642,14 @@ impl Controller for AllocatingController {
                     .namespace_labels
                     .insert(name.to_owned(), labels.clone())
             };
-            previous.unwrap_or_default() != labels
+            let changed = previous.unwrap_or_default() != labels;
+            if changed {
+                // Labels change what the pools serve in this namespace
+                // only: elsewhere every holder keeps what it holds.
+                let touched = touched_by_namespace(&state, name);
+                state.touched = Some(touched);
+            }
+            changed
         };
         let mut outcome = SyncOutcome::success();
         if changed {
