@@ -1722,6 +1722,37 @@ mod cost {
         assert_eq!(h.waiting().len(), N - 1);
     }
 
+    /// The same with a sharing key (each its own port, all on one IPv4
+    /// address): such a Service may also get its missing family by sharing
+    /// an IPv6 address, so it waits for a holder leaving one, not for any
+    /// delete (the old code ran all N on each delete).
+    #[tokio::test(flavor = "current_thread")]
+    async fn half_served_services_that_may_share_cost_nothing_per_unrelated_delete() {
+        let h = Harness::with_pools(&[("a", addrs(&["10.0.0.0/16", "fd00::1"]))]).await;
+        h.add(svc("ns/hog").v6()).await;
+        for i in 0..N {
+            let port = i32::try_from(i).unwrap() + 1;
+            let half = svc(&format!("ns/d{i}"))
+                .dual("PreferDualStack", false)
+                .shared("k")
+                .port(port);
+            h.add(half).await;
+        }
+        assert_eq!(h.waiting().len(), N);
+        assert_eq!(h.status("ns/d1"), "10.0.0.0 @a");
+        let before = work(&h);
+        for i in 0..N {
+            h.add(svc(&format!("ns/s{i}"))).await;
+            h.delete(&format!("ns/s{i}")).await;
+        }
+        assert!(work(&h) - before <= 3 * N as u64, "{}", work(&h) - before);
+        // Freeing the IPv6 address completes them all on it, in order.
+        h.delete("ns/hog").await;
+        assert_eq!(h.status("ns/d0"), "10.0.0.0 fd00::1 @a");
+        assert_eq!(h.status(&format!("ns/d{}", N - 1)), "10.0.0.0 fd00::1 @a");
+        assert!(h.waiting().is_empty());
+    }
+
     /// Pools added one by one beside N Services that hold addresses: the
     /// first pass after each change looks only at what it may touch.
     #[tokio::test(flavor = "current_thread")]

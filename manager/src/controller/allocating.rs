@@ -1367,8 +1367,9 @@ fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<Wake
 
 /// The class and wake of a PreferDualStack Service that holds one family
 /// and waits for the other: it can only get it from its own pool, so a
-/// free address of that family there (or, if it may share, any release)
-/// can end its wait, and all such Services in one pool fail alike. Held
+/// free address of that family there (or, if it may share, a holder
+/// leaving an address of that family there or changing its terms) can end
+/// its wait, and all such Services in one pool fail alike. Held
 /// in a Cilium pool, it may get it from the Cilium pools that serve it too
 /// (docs/cilium.md §3.5), which its wait and class then name.
 fn half_served_wait(
@@ -1412,7 +1413,15 @@ fn half_served_wait(
                 .as_ref()
                 .map(|listed| (view.namespace, listed)),
         ));
-        return (Some(class), None);
+        let wake = std::iter::once(pool.to_owned())
+            .chain(others)
+            .flat_map(|p| {
+                let free = WakeOn::Pool(p, missing);
+                let regrouped = free.regrouped();
+                std::iter::once(free).chain(regrouped)
+            })
+            .collect();
+        return (Some(class), Some(wake));
     }
     let class = if others.is_empty() {
         class_of(&("half-served", pool, format!("{missing}")))
