@@ -1748,6 +1748,23 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         },
     },
     GrowthShape {
+        name: "namespaces_labelled_live",
+        what: "a pool for `team: red` Namespaces and one for all; N/2 Services, then N/2 new Namespaces labelled `team: blue`",
+        exception: None,
+        stream: namespaces_labelled_live_stream,
+        expect: |n| expect_all(n / 2),
+    },
+    GrowthShape {
+        name: "half_served_sharing",
+        what: "an IPv4-only pool; N/2 PreferDualStack Services of 50 sharing keys (half-served, waiting), then N/4 other Services added and deleted",
+        exception: None,
+        stream: half_served_sharing_stream,
+        expect: |n| Expect {
+            served: n / 2,
+            addresses: Some(SHARING_KEYS.min(n / 2)),
+        },
+    },
+    GrowthShape {
         name: "mixed",
         what: "the replay stream: creates, updates, deletes, 3 pool changes",
         exception: None,
@@ -1945,6 +1962,59 @@ fn prefer_dual_half_expect(n: usize) -> Expect {
         }
     }
     expect_all(live)
+}
+
+/// A pool for `team: red` Namespaces and one for every Service; N/2
+/// Services (in Namespaces without labels), then N/2 new Namespaces
+/// labelled `team: blue`: each label change may concern only the Services
+/// of its own Namespace, which has none.
+fn namespaces_labelled_live_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 200 + 512);
+    pool_with(
+        &mut out,
+        "red",
+        r#"{"addresses":["10.255.0.0/16"],"serviceAllocation":{"namespaceSelectors":[{"matchLabels":{"team":"red"}}]}}"#,
+    )?;
+    pool_line(&mut out, "ADDED", "all", &[POOL_V4])?;
+    for i in 0..n / 2 {
+        plain_service(&mut out, i)?;
+    }
+    for i in n / 2..n {
+        writeln!(
+            out,
+            r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"new-{i}","labels":{{"team":"blue"}}}}}}}}"#
+        )?;
+    }
+    Ok(out)
+}
+
+/// The sharing keys of `half_served_sharing_stream`.
+const SHARING_KEYS: usize = 50;
+
+/// An IPv4-only pool; N/2 PreferDualStack Services, each its own port,
+/// over 50 sharing keys (each key's Services on one address, all waiting
+/// for IPv6); then N/4 plain Services, each added and deleted at once.
+fn half_served_sharing_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 260 + 512);
+    pool_line(&mut out, "ADDED", "v4", &[POOL_V4])?;
+    for i in 0..n / 2 {
+        service_line(
+            &mut out,
+            "ADDED",
+            (&namespace_of(i), &format!("svc-{i}")),
+            &format!(
+                r#","annotations":{{"metallb.io/allow-shared-ip":"key-{}"}}"#,
+                i % SHARING_KEYS
+            ),
+            r#","ipFamilyPolicy":"PreferDualStack""#,
+            &format!(r#"[{{"port":{},"protocol":"TCP"}}]"#, 1 + i % 60_000),
+        )?;
+    }
+    for i in n / 2..n / 2 + n / 4 {
+        plain_service(&mut out, i)?;
+        service_delete_line(&mut out, &namespace_of(i), &format!("svc-{i}"))?;
+    }
+    Ok(out)
 }
 
 /// N/2 pools of a /30 each, one per line; N/2 Services, after all the pools
