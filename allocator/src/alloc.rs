@@ -684,11 +684,56 @@ impl Allocator {
         let newest = self.order.last_key_value().map(|(key, _)| *key) == Some(order);
         // A name used by both kinds is decided by the full recomputation.
         let shared_name = self.object(kind.other(), name).is_some();
-        if newest && !shared_name && !self.is_blocking(name) && !self.forced_rebuild() {
-            self.set_newest(kind, name)
+        if !shared_name
+            && !self.is_blocking(name)
+            && !self.forced_rebuild()
+            && (newest || !self.overlaps_another(kind, name))
+        {
+            self.set_alone(kind, name)
         } else {
             self.recompute_pools(name)
         }
+    }
+
+    /// Whether the pool object `name` of `kind`, as defined now, overlaps
+    /// any other pool, accepted or rejected. One that does not, and blocks
+    /// no other, is decided alone wherever it stands in creation order:
+    /// no other pool's acceptance, nor the reason of a rejected one, can
+    /// change with it. Costs O(entries × log pools), plus the rejected
+    /// pools' entries (few: a rejection is a configuration error).
+    fn overlaps_another(&self, kind: PoolKind, name: &str) -> bool {
+        let Some(Ok(pool)) = self.object(kind, name).map(|object| &object.parsed) else {
+            return false;
+        };
+        for range in &pool.ranges {
+            // Disjoint ranges, latest start first: those ending before ours
+            // starts end the search; its own old ranges are skipped.
+            let below = (range.family, 0)..=(range.family, range.last);
+            for (_, (last, owner)) in self.index.range(below).rev() {
+                self.step(1);
+                if *last < range.first {
+                    break;
+                }
+                if **owner != *name {
+                    return true;
+                }
+            }
+        }
+        self.rejected.keys().any(|(other, other_kind)| {
+            self.step(1);
+            if other == name && *other_kind == kind {
+                return false;
+            }
+            let Some(Ok(theirs)) = self.object(*other_kind, other).map(|object| &object.parsed)
+            else {
+                return false;
+            };
+            pool.ranges.iter().any(|ours| {
+                theirs.ranges.iter().any(|r| {
+                    r.family == ours.family && r.first <= ours.last && ours.first <= r.last
+                })
+            })
+        })
     }
 
     /// Removes the `IPAddressPool` `name`, if present, and recomputes
@@ -806,11 +851,12 @@ impl Allocator {
         self.rejected.insert((name.to_owned(), kind), rejection);
     }
 
-    /// The pool `name` of `kind`, the newest, blocking no other and alone
-    /// with its name, changed: only its own acceptance is at stake, against
-    /// the older accepted pools, and only its own holdings may move.
-    /// O(entries × log pools).
-    fn set_newest(&mut self, kind: PoolKind, name: &str) -> PoolChange {
+    /// The pool `name` of `kind`, blocking no other and alone with its
+    /// name, changed, and either the newest or overlapping no other pool
+    /// ([`Allocator::overlaps_another`]): only its own acceptance is at
+    /// stake, against the older accepted pools, and only its own holdings
+    /// may move. O(entries × log pools).
+    fn set_alone(&mut self, kind: PoolKind, name: &str) -> PoolChange {
         self.forget_rejection(kind, name);
         let old = self.remove_state(name);
         let parsed = match self.object(kind, name) {

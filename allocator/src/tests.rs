@@ -1156,6 +1156,42 @@ mod cost {
         assert_linear(&a, N, 8);
     }
 
+    /// N pools of two addresses, each with its two holders, then each
+    /// widened in turn (the oldest first): a change of a pool that is not
+    /// the newest, overlaps no other and blocks none is decided for that
+    /// pool alone (the full recomputation took N steps per change). One
+    /// that now overlaps a newer pool still rejects it.
+    #[test]
+    fn older_pools_changed_one_by_one_are_decided_alone() {
+        let mut a = Allocator::new();
+        let spec =
+            |p: u32, size: u32| pool_spec(&[&format!("{}-{}", v4(4 * p), v4(4 * p + size - 1))]);
+        for p in 0..N {
+            a.set_pool(&format!("p{p:05}"), &spec(p, 2));
+        }
+        for i in 0..2 * N {
+            a.allocate(&svc(&format!("ns/s{i}")).req()).unwrap();
+        }
+        for p in 0..N {
+            let change = a.set_pool(&format!("p{p:05}"), &spec(p, 4));
+            assert_eq!(change.changed, [format!("p{p:05}")]);
+            assert!(change.released.is_empty());
+        }
+        assert_eq!(a.len(), 2 * N as usize);
+        assert_linear(&a, 3 * N, 16);
+        // p00000 grows into p00001, the newer: that one is rejected; of its
+        // holders, the one whose address p00000 now has moves there, the
+        // other is released.
+        let change = a.set_pool("p00000", &spec(0, 5));
+        assert_eq!(a.rejected_pools().len(), 1);
+        assert_eq!(change.released.len(), 1);
+        let moved = a
+            .holdings()
+            .into_iter()
+            .filter(|(_, h)| h.ips == [v4(4).parse::<IpAddr>().unwrap()]);
+        assert_eq!(moved.map(|(_, h)| h.pool).collect::<Vec<_>>(), ["p00000"]);
+    }
+
     /// Cilium pools cost what IPAddressPools do: many small pools with
     /// reserved ends, added one by one and filled.
     /// Dual-stack Services from many small Cilium pools of one family
