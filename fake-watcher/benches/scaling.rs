@@ -1748,6 +1748,13 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         },
     },
     GrowthShape {
+        name: "pools_changed_live",
+        what: "N/4 pools of 2 addresses, N/2 Services filling them, then each pool widened to 4 (the oldest first)",
+        exception: None,
+        stream: pools_changed_live_stream,
+        expect: |n| expect_all(n / 2),
+    },
+    GrowthShape {
         name: "namespaces_labelled_live",
         what: "a pool for `team: red` Namespaces and one for all; N/2 Services, then N/2 new Namespaces labelled `team: blue`",
         exception: None,
@@ -1984,6 +1991,32 @@ fn namespaces_labelled_live_stream(n: usize) -> Result<Vec<u8>> {
             out,
             r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"new-{i}","labels":{{"team":"blue"}}}}}}}}"#
         )?;
+    }
+    Ok(out)
+}
+
+/// N/4 pools of two addresses (the start of a `/30` each), N/2 Services
+/// filling them, then each pool widened to its `/30`, the oldest first:
+/// each change concerns its own pool alone.
+fn pools_changed_live_stream(n: usize) -> Result<Vec<u8>> {
+    let pools = n / 4;
+    let mut out = Vec::with_capacity(n * 200);
+    for size in [2, 4] {
+        if size == 4 {
+            for i in 0..2 * pools {
+                plain_service(&mut out, i)?;
+            }
+        }
+        for p in 0..pools {
+            let (first, last) = block(p, size);
+            let event = if size == 2 { "ADDED" } else { "MODIFIED" };
+            pool_line(
+                &mut out,
+                event,
+                &format!("pool-{p}"),
+                &[&format!("{first}-{last}")],
+            )?;
+        }
     }
     Ok(out)
 }
