@@ -1818,6 +1818,33 @@ mod cost {
         );
     }
 
+    /// N Services whose request is invalid, then N pools added one by
+    /// one: no pool makes a request valid, so the first pass after each
+    /// change does not look at them (it restored and ran all N on each,
+    /// since each had a Warning). Fixed, one gets an address at once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn invalid_requests_are_not_run_again_for_each_pool_change() {
+        let h = Harness::with_pools(&[]).await;
+        for i in 0..N {
+            let invalid = svc(&format!("ns/s{i}")).ann("metallb.io/loadBalancerIPs", "not-an-ip");
+            h.add(invalid).await;
+        }
+        assert!(h.waiting().is_empty());
+        let before = work(&h);
+        for p in 0..N {
+            h.pool(
+                &format!("p{p:04}"),
+                addrs(&[&format!("10.1.{}.{}/32", p / 256, p % 256)]),
+            )
+            .await;
+        }
+        assert!(work(&h) - before <= 2 * N as u64, "{}", work(&h) - before);
+        h.take();
+        h.edit("ns/s7", |s| s.ann("metallb.io/loadBalancerIPs", "10.1.0.9"))
+            .await;
+        assert_eq!(h.status("ns/s7"), "10.1.0.9 @p0009");
+    }
+
     /// Deletes from one big sharing group: a delete asks whether the
     /// address it left is still held, not who holds it (the old code
     /// listed every other holder on each delete: N² in all).

@@ -150,6 +150,10 @@ struct State {
     /// Service is announced afresh): the same failure again is not
     /// announced again.
     last_warning: HashMap<String, (String, String, String), FastHash>,
+    /// The keys of `last_warning` whose Warning is a failure's, not an
+    /// invalid request's: a pool or Namespace change never makes a request
+    /// valid, so only these may announce otherwise after one.
+    warned_failing: HashSet<String, FastHash>,
     namespace_labels: HashMap<String, BTreeMap<String, String>, FastHash>,
     /// Status addresses the restore pass released and announced
     /// (`ClearAssignment`), so the second pass does not announce them again.
@@ -295,6 +299,11 @@ impl Unsettled {
 }
 
 impl State {
+    fn forget_warning(&mut self, key: &str) {
+        self.last_warning.remove(key);
+        self.warned_failing.remove(key);
+    }
+
     /// No Warning, announced clearing or owed clear is pending for `key`: a
     /// reconciliation would have nothing of its own to carry out.
     fn nothing_pending(&self, key: &str) -> bool {
@@ -689,7 +698,7 @@ impl AllocatingController {
     fn plan_not_ours(&self, state: &mut State, key: &str, service: &Service) -> Plan {
         let released = state.allocator.release(key);
         state.unsettled.set_half_served(key, false);
-        state.last_warning.remove(key);
+        state.forget_warning(key);
         // What we wrote is cleared when we held it (and, if that write
         // fails, until it goes through), or (after a restart) when the
         // Service is no LoadBalancer at all any more; a LoadBalancer of
@@ -828,7 +837,7 @@ impl AllocatingController {
                 let mut state = self.lock();
                 if plan.warned {
                     // Not announced after all: announce it on the retry.
-                    state.last_warning.remove(key);
+                    state.forget_warning(key);
                 }
                 if let Some(cleared) = plan.announced_clear.clone() {
                     state.announced_clears.insert(key.to_owned(), cleared);
@@ -869,7 +878,7 @@ fn created_of(
 fn plan_delete(state: &mut State, key: &str) -> Plan {
     let released = state.allocator.release(key);
     state.unsettled.set_half_served(key, false);
-    state.last_warning.remove(key);
+    state.forget_warning(key);
     state.owed_clears.remove(key);
     let mut outcome = SyncOutcome::success();
     outcome.wake_waiting = true;
@@ -898,7 +907,7 @@ fn announce_warning(
         Outcome::Fails(failure) => failed_event(key, &failure.detail()),
         Outcome::Invalid(reason) => invalid_event(reason),
         Outcome::Holds { .. } => {
-            state.last_warning.remove(key);
+            state.forget_warning(key);
             return false;
         }
     };
@@ -906,6 +915,11 @@ fn announce_warning(
     let signature = (uid, warning.reason.clone(), warning.message.clone());
     if state.last_warning.get(key) == Some(&signature) {
         return false;
+    }
+    if warning.reason == reason::LOAD_BALANCER_FAILED {
+        state.warned_failing.remove(key);
+    } else {
+        state.warned_failing.insert(key.to_owned());
     }
     state.last_warning.insert(key.to_owned(), signature);
     events.push(warning);
@@ -1212,10 +1226,13 @@ fn touched_by_namespace(state: &State, name: &str) -> Vec<String> {
     touched
 }
 
-/// The Services with a Warning, an announced clearing or an owed clear
-/// pending: a change may let their next reconciliation announce otherwise.
+/// The Services with a failure's Warning, an announced clearing or an owed
+/// clear pending: a change may let their next reconciliation announce
+/// otherwise. One whose request is invalid is left out: it holds what it
+/// held (touched as a holder if its pool or Namespace changed), and is
+/// refused for its request alone, again and alike.
 fn pending_announcements(state: &State) -> impl Iterator<Item = String> + '_ {
-    let warned = state.last_warning.keys().cloned();
+    let warned = state.warned_failing.iter().cloned();
     let cleared = state.announced_clears.keys().cloned();
     warned
         .chain(cleared)
@@ -1631,6 +1648,7 @@ impl Controller for AllocatingController {
                     .map(|(key, _)| key)
                     .collect();
                 touched.extend(touched_by(&state, &change));
+                touched.extend(state.last_warning.keys().cloned());
             }
             state.touched = Some(touched);
             change
