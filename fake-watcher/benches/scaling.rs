@@ -1755,6 +1755,16 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         expect: |n| expect_all(n / 2),
     },
     GrowthShape {
+        name: "invalid_then_pools",
+        what: "N/2 Services whose requested address is invalid, then N/2 pools (/30) added one per line",
+        exception: None,
+        stream: invalid_then_pools_stream,
+        expect: |_| Expect {
+            served: 0,
+            addresses: Some(0),
+        },
+    },
+    GrowthShape {
         name: "namespaces_labelled_live",
         what: "a pool for `team: red` Namespaces and one for all; N/2 Services, then N/2 new Namespaces labelled `team: blue`",
         exception: None,
@@ -2017,6 +2027,32 @@ fn pools_changed_live_stream(n: usize) -> Result<Vec<u8>> {
                 &[&format!("{first}-{last}")],
             )?;
         }
+    }
+    Ok(out)
+}
+
+/// N/2 Services asking for an address that is not one (each refused with
+/// `LoadBalancerFailed`), then N/2 pools of a `/30`, one per line.
+fn invalid_then_pools_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 220);
+    for i in 0..n / 2 {
+        service_line(
+            &mut out,
+            "ADDED",
+            (&namespace_of(i), &format!("svc-{i}")),
+            r#","annotations":{"metallb.io/loadBalancerIPs":"not-an-ip"}"#,
+            "",
+            PORT_80,
+        )?;
+    }
+    for p in 0..n / 2 {
+        let (first, _) = block(p, 4);
+        pool_line(
+            &mut out,
+            "ADDED",
+            &format!("pool-{p}"),
+            &[&format!("{first}/30")],
+        )?;
     }
     Ok(out)
 }
