@@ -212,13 +212,13 @@ fn group_of_request(request: &Request<'_>) -> Option<String> {
     )
 }
 
-/// The rule tag and sharing key part of a group.
 /// The namespace part of a Service key `namespace/name` (the whole key
 /// when it has no `/`).
 fn namespace_of_key(key: &str) -> &str {
     key.split_once('/').map_or(key, |(namespace, _)| namespace)
 }
 
+/// The rule tag and sharing key part of a group.
 fn sharing_part(group: &str) -> &str {
     group
         .split_once(':')

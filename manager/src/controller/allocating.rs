@@ -1206,8 +1206,8 @@ fn add_regrouped(outcome: &mut SyncOutcome, allocator: &mut Allocator) {
 }
 
 /// The Services a pool change may have touched: those it released, those
-/// holding addresses in the pools it changed, and those with a Warning,
-/// an announced clearing or an owed clear pending.
+/// holding addresses in the pools it changed, and those with a failure's
+/// Warning, an announced clearing or an owed clear pending.
 fn touched_by(state: &State, change: &PoolChange) -> Vec<String> {
     let mut touched: Vec<String> = change.released.iter().map(|r| r.key.clone()).collect();
     for pool in &change.changed {
@@ -1218,8 +1218,9 @@ fn touched_by(state: &State, change: &PoolChange) -> Vec<String> {
 }
 
 /// The Services a change of the labels of Namespace `name` may have
-/// touched: those holding addresses in it, and those with a Warning, an
-/// announced clearing or an owed clear pending (as for a pool change).
+/// touched: those holding addresses in it, and those with a failure's
+/// Warning, an announced clearing or an owed clear pending (as for a pool
+/// change).
 fn touched_by_namespace(state: &State, name: &str) -> Vec<String> {
     let mut touched = state.allocator.holders_in_namespace(name);
     touched.extend(pending_announcements(state));
