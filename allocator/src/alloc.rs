@@ -728,11 +728,11 @@ impl Allocator {
             else {
                 return false;
             };
-            pool.ranges.iter().any(|ours| {
-                theirs.ranges.iter().any(|r| {
-                    r.family == ours.family && r.first <= ours.last && ours.first <= r.last
-                })
-            })
+            let ours = &pool.ranges;
+            theirs
+                .ranges
+                .iter()
+                .any(|r| ours.iter().any(|o| o.overlaps(r)))
         })
     }
 

@@ -2046,13 +2046,7 @@ fn invalid_then_pools_stream(n: usize) -> Result<Vec<u8>> {
         )?;
     }
     for p in 0..n / 2 {
-        let (first, _) = block(p, 4);
-        pool_line(
-            &mut out,
-            "ADDED",
-            &format!("pool-{p}"),
-            &[&format!("{first}/30")],
-        )?;
+        slash_30_pool(&mut out, p)?;
     }
     Ok(out)
 }
@@ -2086,18 +2080,23 @@ fn half_served_sharing_stream(n: usize) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Adds `pool-{i}`, the `/30` of [`block`] `i`.
+fn slash_30_pool(out: &mut Vec<u8>, i: usize) -> Result<()> {
+    let (first, _) = block(i, 4);
+    pool_line(
+        out,
+        "ADDED",
+        &format!("pool-{i}"),
+        &[&format!("{first}/30")],
+    )
+}
+
 /// N/2 pools of a /30 each, one per line; N/2 Services, after all the pools
 /// or (`live`) one after each pool.
 fn pools_added_stream(n: usize, live: bool) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(n * 200);
     for i in 0..n / 2 {
-        let (first, _) = block(i, 4);
-        pool_line(
-            &mut out,
-            "ADDED",
-            &format!("pool-{i}"),
-            &[&format!("{first}/30")],
-        )?;
+        slash_30_pool(&mut out, i)?;
         if live {
             plain_service(&mut out, i)?;
         }

@@ -1756,6 +1756,20 @@ mod cost {
         assert!(h.waiting().is_empty());
     }
 
+    /// The work of N pools of one address each (`p0000` holds 10.1.0.0,
+    /// and so on) added one by one.
+    async fn work_of_adding_pools(h: &Harness) -> u64 {
+        let before = work(h);
+        for p in 0..N {
+            h.pool(
+                &format!("p{p:04}"),
+                addrs(&[&format!("10.1.{}.{}/32", p / 256, p % 256)]),
+            )
+            .await;
+        }
+        work(h) - before
+    }
+
     /// Pools added one by one beside N Services that hold addresses: the
     /// first pass after each change looks only at what it may touch.
     #[tokio::test(flavor = "current_thread")]
@@ -1764,16 +1778,9 @@ mod cost {
         for i in 0..N {
             h.add(svc(&format!("ns/s{i}"))).await;
         }
-        let before = work(&h);
-        for p in 0..N {
-            h.pool(
-                &format!("p{p:04}"),
-                addrs(&[&format!("10.1.{}.{}/32", p / 256, p % 256)]),
-            )
-            .await;
-        }
         // The old first pass restored all N Services on each change.
-        assert!(work(&h) - before <= 2 * N as u64, "{}", work(&h) - before);
+        let added = work_of_adding_pools(&h).await;
+        assert!(added <= 2 * N as u64, "{added}");
         // A change that moves addresses still reconsiders their holders.
         h.pool("a", addrs(&["10.0.0.0/24"])).await;
         assert_eq!(h.status("ns/s0"), "10.0.0.0 @a");
@@ -1833,15 +1840,8 @@ mod cost {
             h.add(invalid).await;
         }
         assert!(h.waiting().is_empty());
-        let before = work(&h);
-        for p in 0..N {
-            h.pool(
-                &format!("p{p:04}"),
-                addrs(&[&format!("10.1.{}.{}/32", p / 256, p % 256)]),
-            )
-            .await;
-        }
-        assert!(work(&h) - before <= 2 * N as u64, "{}", work(&h) - before);
+        let added = work_of_adding_pools(&h).await;
+        assert!(added <= 2 * N as u64, "{added}");
         h.take();
         h.edit("ns/s7", |s| s.ann("metallb.io/loadBalancerIPs", "10.1.0.9"))
             .await;
