@@ -17,6 +17,7 @@ use crate::count::{AddressCount, WideCount};
 use crate::error::{AllocError, PinnedTried, ShareConflict, Tried, UnpinnedTried};
 use crate::group::{GroupIndex, Rank};
 use crate::holders::{tenancies_agree, Holders, Tenancy};
+use crate::label_readers::LabelReaders;
 use crate::pinned::Fact;
 use crate::pool::{AddrRange, Conflict, Pool, PoolError, PoolKind, Rules};
 use crate::request::{FamilyPolicy, Port, Request, SharingNamespaces, SharingRule};
@@ -537,6 +538,9 @@ pub struct Regrouped {
     pub joined: Vec<IpAddr>,
 }
 
+/// Held keys (`namespace/name`) per namespace.
+type NamespaceHolders = HashMap<Box<str>, BTreeSet<Arc<str>>, FastHash>;
+
 /// Pools, holdings and the allocation rules. Plain data: no I/O, no async,
 /// deterministic, and every method is total (no panic on any input).
 #[derive(Debug, Default)]
@@ -551,6 +555,9 @@ pub struct Allocator {
     /// Boxed: a map node holds 11 values, and a state by value made each
     /// node (half empty after splits) ~5 KB.
     pools: BTreeMap<Arc<str>, Box<PoolState>>,
+    /// Pool objects by the Namespace labels their `namespaceSelectors`
+    /// read: a Namespace change that none reads touches no holder.
+    namespace_readers: LabelReaders,
     /// Rejected pools by name and kind.
     rejected: BTreeMap<(String, PoolKind), Rejection>,
     /// How many rejected pools each accepted pool blocks.
@@ -563,6 +570,11 @@ pub struct Allocator {
     /// How many of `services` each namespace has (keys `namespace/name`):
     /// a Namespace change with none there looks at no key.
     holders_per_namespace: HashMap<Box<str>, u32, FastHash>,
+    /// The keys of `services` per namespace, made by the first Namespace
+    /// change that touches holders (one walk of every key) and kept from
+    /// then on: a cluster whose Namespaces never change that way does not
+    /// pay for it.
+    namespace_holders: Option<NamespaceHolders>,
     addresses: HashMap<IpAddr, Holders, FastHash>,
     /// Each address a holder left (or left and took again on other terms)
     /// since [`Allocator::take_regrouped`], with its pool: where a Service
@@ -674,12 +686,17 @@ impl Allocator {
                 (created.is_none(), created, seq)
             }
         };
+        // The old object's readers go before the new one's come: the two
+        // may read the same labels.
+        let new = parsed.as_ref().ok().map(Arc::clone);
         if let Some(old) = self
             .objects_mut(kind)
             .insert(name.to_owned(), PoolObject { parsed, order })
         {
             self.order.remove(&old.order);
+            self.read_namespace_labels(name, old.parsed.as_ref().ok(), false);
         }
+        self.read_namespace_labels(name, new.as_ref(), true);
         self.order.insert(order, (kind, name.to_owned()));
         let newest = self.order.last_key_value().map(|(key, _)| *key) == Some(order);
         // A name used by both kinds is decided by the full recomputation.
@@ -756,6 +773,7 @@ impl Allocator {
             return PoolChange::default();
         };
         self.order.remove(&object.order);
+        self.read_namespace_labels(name, object.parsed.as_ref().ok(), false);
         if self.forced_rebuild() || self.is_blocking(name) {
             return self.recompute_pools(name);
         }
@@ -772,6 +790,23 @@ impl Allocator {
             }
         }
         change
+    }
+
+    /// Adds (`read`) or takes out the pool object `name` from the readers
+    /// of Namespace labels, if its namespace rule has selectors.
+    fn read_namespace_labels(&mut self, name: &str, pool: Option<&Arc<Pool>>, read: bool) {
+        let Some(selectors) = pool
+            .and_then(|pool| pool.allocation.as_ref())
+            .map(|allocation| allocation.namespace_selectors())
+            .filter(|selectors| !selectors.is_empty())
+        else {
+            return;
+        };
+        if read {
+            self.namespace_readers.insert(name, selectors);
+        } else {
+            self.namespace_readers.remove(name, selectors);
+        }
     }
 
     fn objects_mut(&mut self, kind: PoolKind) -> &mut HashMap<String, PoolObject, FastHash> {
@@ -1367,25 +1402,62 @@ impl Allocator {
 
     /// The Services holding addresses in `namespace` (keys
     /// `namespace/name`), sorted: for a Namespace change, which only they
-    /// among the holders may feel. Nothing when none does; else one look
-    /// at each holder's key (no search: a change of a Namespace with
-    /// Services in it is rare beside Service events).
-    pub fn holders_in_namespace(&self, namespace: &str) -> Vec<String> {
+    /// among the holders may feel. Costs their number; the first call that
+    /// finds holders also indexes every holder by namespace, once.
+    pub fn holders_in_namespace(&mut self, namespace: &str) -> Vec<String> {
         if !self.holders_per_namespace.contains_key(namespace) {
             return Vec::new();
         }
-        self.step(self.services.len() as u64);
-        let mut keys: Vec<String> = self
-            .services
-            .keys()
-            .filter(|key| {
-                key.strip_prefix(namespace)
-                    .is_some_and(|name| name.starts_with('/'))
-            })
+        let services = &self.services;
+        let steps = &self.steps;
+        let index = self.namespace_holders.get_or_insert_with(|| {
+            steps.set(steps.get().saturating_add(services.len() as u64));
+            let mut index = NamespaceHolders::default();
+            for key in services.keys() {
+                let namespace = namespace_of_key(key);
+                index
+                    .entry(namespace.into())
+                    .or_default()
+                    .insert(Arc::clone(key));
+            }
+            index
+        });
+        let keys: Vec<String> = index
+            .get(namespace)
+            .into_iter()
+            .flatten()
             .map(|key| key.to_string())
             .collect();
-        keys.sort_unstable();
+        self.step(keys.len() as u64);
         keys
+    }
+
+    /// Whether changing the labels of Namespace `namespace` from `old` to
+    /// `new` changes whether the namespace rule of any pool lets its
+    /// Services in. If not, every Service there is allowed the pools it
+    /// was (docs/allocation.md §4.6). Asks only the pools whose
+    /// `namespaceSelectors` read a label that changed, by its old or new
+    /// value: O(labels) and those pools, never every pool. Pools of either
+    /// acceptance are asked, a rejected one only making the answer
+    /// cautious.
+    pub fn namespace_labels_matter(
+        &self,
+        namespace: &str,
+        old: &BTreeMap<String, String>,
+        new: &BTreeMap<String, String>,
+    ) -> bool {
+        self.namespace_readers.concerned(old, new).any(|name| {
+            self.step(1);
+            let object = self.object(PoolKind::IPAddressPool, name);
+            let allocation = object.and_then(|object| {
+                let pool = object.parsed.as_ref().ok()?;
+                pool.allocation.as_ref()
+            });
+            allocation.is_some_and(|allocation| {
+                allocation.admits_namespace(namespace, old)
+                    != allocation.admits_namespace(namespace, new)
+            })
+        })
     }
 
     /// The Services holding addresses in the pool `name`, sorted: costs
@@ -1567,6 +1639,9 @@ impl Allocator {
                     self.holders_per_namespace.insert(namespace.into(), 1);
                 }
             }
+            if let Some(index) = &mut self.namespace_holders {
+                index.entry(namespace.into()).or_default().insert(counted);
+            }
         }
     }
 
@@ -1578,6 +1653,14 @@ impl Allocator {
             *count = count.saturating_sub(1);
             if *count == 0 {
                 self.holders_per_namespace.remove(namespace);
+            }
+        }
+        if let Some(index) = &mut self.namespace_holders {
+            if let Some(keys) = index.get_mut(namespace) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    index.remove(namespace);
+                }
             }
         }
         Some(entry)

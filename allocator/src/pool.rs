@@ -350,14 +350,7 @@ pub enum Unserved {
 impl ServiceAllocation {
     /// The first rule that leaves `subject` out, if any.
     fn unserved(&self, subject: &Subject<'_>) -> Option<Unserved> {
-        let has_namespace_rule =
-            !self.namespaces.is_empty() || !self.namespace_selectors.is_empty();
-        let namespace_ok = !has_namespace_rule
-            || self.namespaces.contains(subject.namespace)
-            || self
-                .namespace_selectors
-                .iter()
-                .any(|s| s.matches(subject.namespace_labels));
+        let namespace_ok = self.admits_namespace(subject.namespace, subject.namespace_labels);
         let service_ok = self.service_selectors.is_empty()
             || self
                 .service_selectors
@@ -372,6 +365,24 @@ impl ServiceAllocation {
 }
 
 impl ServiceAllocation {
+    /// Whether the namespace rule (`namespaces`, `namespaceSelectors`)
+    /// lets in the Services of `namespace`, whose Namespace has `labels`.
+    pub(crate) fn admits_namespace(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> bool {
+        let has_namespace_rule =
+            !self.namespaces.is_empty() || !self.namespace_selectors.is_empty();
+        !has_namespace_rule
+            || self.namespaces.contains(namespace)
+            || self.namespace_selectors.iter().any(|s| s.matches(labels))
+    }
+
+    pub(crate) fn namespace_selectors(&self) -> &[Selector] {
+        &self.namespace_selectors
+    }
+
     /// Facts of which a Service must have one to pass the rules (see
     /// [`Pool::guard`]). Both the namespace and the Service rule must pass,
     /// so either one's facts will do: the fewer the better.

@@ -137,6 +137,27 @@ impl Selector {
     }
 }
 
+impl Selector {
+    /// What the selector reads of a label set, for finding the selectors a
+    /// change of labels may concern: `each(key, Some(value))` for each
+    /// value a `matchLabels` entry, an `In` or a `NotIn` expression names
+    /// (its verdict can flip only when the key's value becomes or stops
+    /// being one of them), `each(key, None)` for `Exists` and
+    /// `DoesNotExist`, which a change of the key may concern whatever its
+    /// values.
+    pub(crate) fn reads<'a>(&'a self, mut each: impl FnMut(&'a str, Option<&'a str>)) {
+        for requirement in &self.requirements {
+            match requirement {
+                Requirement::Equals(key, value) => each(key, Some(value)),
+                Requirement::In(key, values) | Requirement::NotIn(key, values) => {
+                    values.iter().for_each(|value| each(key, Some(value)));
+                }
+                Requirement::Exists(key) | Requirement::DoesNotExist(key) => each(key, None),
+            }
+        }
+    }
+}
+
 impl fmt::Display for Selector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts: Vec<String> = self

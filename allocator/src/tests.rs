@@ -2744,3 +2744,109 @@ fn the_holders_of_a_namespace_follow_holds_and_releases() {
     one(&mut a, &svc("b/s4"));
     assert_eq!(a.holders_in_namespace("b"), ["b/s4"]);
 }
+
+/// Once indexed (the first call walks every holder), the holders of a
+/// namespace cost their number, however many hold elsewhere: a small
+/// Namespace changed N times beside N holders is not N².
+#[test]
+fn the_holders_of_a_namespace_cost_their_number() {
+    let mut a = with_pools(&[("p", &["10.0.0.0/16"])]);
+    for i in 0..1000 {
+        one(&mut a, &svc(&format!("big/s{i}")));
+    }
+    one(&mut a, &svc("small/s"));
+    let before = a.steps();
+    assert_eq!(a.holders_in_namespace("small"), ["small/s"]);
+    assert_eq!(a.steps() - before, 1001 + 1);
+    for _ in 0..1000 {
+        let before = a.steps();
+        assert_eq!(a.holders_in_namespace("small"), ["small/s"]);
+        assert_eq!(a.steps() - before, 1);
+    }
+    // Kept from then on.
+    one(&mut a, &svc("small/t"));
+    a.release("small/s");
+    assert_eq!(a.holders_in_namespace("small"), ["small/t"]);
+    a.release("small/t");
+    assert!(a.holders_in_namespace("small").is_empty());
+}
+
+/// A pool whose `namespaceSelectors` label `selectors` (one matchLabels
+/// pair or expression each).
+fn selecting_namespaces(
+    addresses: &[&str],
+    selectors: Vec<LabelSelectorSpec>,
+) -> IPAddressPoolSpec {
+    IPAddressPoolSpec {
+        service_allocation: Some(ServiceAllocationSpec {
+            namespace_selectors: selectors,
+            ..Default::default()
+        }),
+        ..pool_spec(addresses)
+    }
+}
+
+/// A Namespace's labels matter when a pool's namespace rule tells the old
+/// from the new; only pools whose selectors read a changed label, by its
+/// old or new value, are asked.
+#[test]
+fn namespace_labels_matter_only_to_pools_that_read_them() {
+    use crate::selector::tests::{labels, spec};
+    let mut a = Allocator::new();
+    a.set_pool(
+        "red",
+        &selecting_namespaces(&["10.1.0.0/24"], vec![spec(&[("team", "red")], &[])]),
+    );
+    let listed = IPAddressPoolSpec {
+        service_allocation: Some(ServiceAllocationSpec {
+            namespaces: vec!["ops".into()],
+            namespace_selectors: vec![spec(&[], &[("tier", "Exists", &[])])],
+            ..Default::default()
+        }),
+        ..pool_spec(&["10.2.0.0/24"])
+    };
+    a.set_pool("tiered", &listed);
+    for i in 0..100 {
+        let team = format!("t{i}");
+        let selector = spec(&[("team", team.as_str())], &[]);
+        a.set_pool(
+            &format!("team{i}"),
+            &selecting_namespaces(&[&format!("10.3.{i}.0/24")], vec![selector]),
+        );
+    }
+    let matters = |a: &Allocator, ns: &str, old: &[(&str, &str)], new: &[(&str, &str)]| {
+        let before = a.steps();
+        let matters = a.namespace_labels_matter(ns, &labels(old), &labels(new));
+        (matters, a.steps() - before)
+    };
+    assert_eq!(
+        matters(&a, "dev", &[("team", "red")], &[("team", "blue")]),
+        (true, 1)
+    );
+    assert_eq!(
+        matters(&a, "dev", &[("team", "x")], &[("team", "blue")]),
+        (false, 0)
+    );
+    assert_eq!(
+        matters(
+            &a,
+            "dev",
+            &[("team", "red")],
+            &[("team", "red"), ("rev", "2")]
+        ),
+        (false, 0)
+    );
+    assert!(matters(&a, "dev", &[("team", "t5")], &[("team", "t6")]).0);
+    assert_eq!(matters(&a, "dev", &[], &[("tier", "gold")]), (true, 1));
+    // `ops` is listed by name: its labels cannot change what `tiered` serves.
+    assert_eq!(matters(&a, "ops", &[], &[("tier", "gold")]), (false, 1));
+    // A pool replaced with the same selectors is still asked; one deleted
+    // is not.
+    a.set_pool(
+        "red",
+        &selecting_namespaces(&["10.1.1.0/24"], vec![spec(&[("team", "red")], &[])]),
+    );
+    assert!(matters(&a, "dev", &[("team", "red")], &[]).0);
+    a.remove_pool("red");
+    assert_eq!(matters(&a, "dev", &[("team", "red")], &[]), (false, 0));
+}

@@ -1794,17 +1794,7 @@ mod cost {
     /// labels no longer allow still moves.
     #[tokio::test(flavor = "current_thread")]
     async fn a_namespace_label_change_looks_only_at_that_namespaces_holders() {
-        let h = Harness::with_pools(&[
-            (
-                "prod",
-                json!({
-                    "addresses": ["10.1.5.0/24"],
-                    "serviceAllocation": {"namespaceSelectors": [{"matchLabels": {"env": "prod"}}]},
-                }),
-            ),
-            ("a", addrs(&["10.0.0.0/16"])),
-        ])
-        .await;
+        let h = env_prod_and_a("10.1.5.0/24").await;
         h.namespace("team", &[("env", "prod")]).await;
         h.add(svc("team/s")).await;
         for i in 0..N {
@@ -1826,6 +1816,59 @@ mod cost {
             events(&h.take()),
             ["team/s Normal ClearAssignment", "team/s Normal IPAllocated"]
         );
+    }
+
+    /// N holders in one Namespace, which is then relabelled N times with a
+    /// label no pool's selectors read (the old code restored all N on each
+    /// change: N² in all); then a small Namespace moved in and out of a
+    /// pinned pool N times, which costs its one holder each time, not a
+    /// look at every holder's key. A change that matters still moves.
+    #[tokio::test(flavor = "current_thread")]
+    async fn namespace_changes_cost_what_they_may_touch() {
+        let h = env_prod_and_a("10.1.4.0/22").await;
+        h.namespace("big", &[("env", "prod")]).await;
+        for i in 0..N {
+            h.add(svc(&format!("big/s{i}"))).await;
+        }
+        h.namespace("small", &[("env", "dev")]).await;
+        h.add(svc("small/s")).await;
+        assert_eq!(h.status("big/s0"), "10.1.4.0 @prod");
+        assert_eq!(h.status("small/s"), "10.0.0.0 @a");
+        let before = work(&h);
+        for i in 0..N {
+            h.namespace("big", &[("env", "prod"), ("rev", &i.to_string())])
+                .await;
+        }
+        assert_eq!(work(&h) - before, 0);
+        let before = work(&h);
+        for i in 0..N {
+            let env = if i % 2 == 0 { "prod" } else { "dev" };
+            h.namespace("small", &[("env", env)]).await;
+        }
+        // Restored and kept each time: prod serves it, but it keeps `a`.
+        assert!(work(&h) - before <= N as u64, "{}", work(&h) - before);
+        assert_eq!(h.status("small/s"), "10.0.0.0 @a");
+        h.take();
+        h.namespace("big", &[("env", "dev")]).await;
+        assert_eq!(h.status("big/s0"), "10.0.0.1 @a");
+        let events = events(&h.take());
+        assert_eq!(events.len(), 2 * N, "{events:?}");
+    }
+
+    /// A harness with the pool `prod` (`addresses`) for Namespaces labelled
+    /// `env: prod`, and the pool `a` for all.
+    async fn env_prod_and_a(addresses: &str) -> Harness {
+        Harness::with_pools(&[
+            (
+                "prod",
+                json!({
+                    "addresses": [addresses],
+                    "serviceAllocation": {"namespaceSelectors": [{"matchLabels": {"env": "prod"}}]},
+                }),
+            ),
+            ("a", addrs(&["10.0.0.0/16"])),
+        ])
+        .await
     }
 
     /// N Services whose request is invalid, then N pools added one by

@@ -1217,12 +1217,14 @@ fn touched_by(state: &State, change: &PoolChange) -> Vec<String> {
     touched
 }
 
-/// The Services a change of the labels of Namespace `name` may have
-/// touched: those holding addresses in it, and those with a failure's
-/// Warning, an announced clearing or an owed clear pending (as for a pool
-/// change).
-fn touched_by_namespace(state: &State, name: &str) -> Vec<String> {
-    let mut touched = state.allocator.holders_in_namespace(name);
+/// The Services a change of a Namespace's labels may have touched: those
+/// holding addresses in it if the change matters to a pool (`name`), and
+/// those with a failure's Warning, an announced clearing or an owed clear
+/// pending (as for a pool change).
+fn touched_by_namespace(state: &mut State, name: Option<&str>) -> Vec<String> {
+    let mut touched = name
+        .map(|name| state.allocator.holders_in_namespace(name))
+        .unwrap_or_default();
     touched.extend(pending_announcements(state));
     touched
 }
@@ -1670,11 +1672,17 @@ impl Controller for AllocatingController {
                     .namespace_labels
                     .insert(name.to_owned(), labels.clone())
             };
-            let changed = previous.unwrap_or_default() != labels;
+            let previous = previous.unwrap_or_default();
+            let changed = previous != labels;
             if changed {
                 // Labels change what the pools serve in this namespace
-                // only: elsewhere every holder keeps what it holds.
-                let touched = touched_by_namespace(&state, name);
+                // only, and there only if a pool's selectors tell the old
+                // labels from the new: elsewhere, or else, every holder
+                // keeps what it holds.
+                let matters = state
+                    .allocator
+                    .namespace_labels_matter(name, &previous, &labels);
+                let touched = touched_by_namespace(&mut state, matters.then_some(name));
                 state.touched = Some(touched);
             }
             changed
