@@ -1782,6 +1782,20 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         },
     },
     GrowthShape {
+        name: "namespace_relabelled_live",
+        what: "a pool for `team: red` Namespaces and one for all; N/2 Services in one `team: red` Namespace, then N/2 changes of a label of it no pool reads",
+        exception: None,
+        stream: namespace_relabelled_live_stream,
+        expect: |n| expect_all(n / 2),
+    },
+    GrowthShape {
+        name: "small_namespace_toggled",
+        what: "a pool for `team: red` Namespaces and one for all; N/2 Services, one in its own Namespace, then N/2 changes of that Namespace between `team: red` and `team: blue`",
+        exception: None,
+        stream: small_namespace_toggled_stream,
+        expect: |n| expect_all(n / 2 + 1),
+    },
+    GrowthShape {
         name: "mixed",
         what: "the replay stream: creates, updates, deletes, 3 pool changes",
         exception: None,
@@ -1987,19 +2001,77 @@ fn prefer_dual_half_expect(n: usize) -> Expect {
 /// of its own Namespace, which has none.
 fn namespaces_labelled_live_stream(n: usize) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(n * 200 + 512);
-    pool_with(
-        &mut out,
-        "red",
-        r#"{"addresses":["10.255.0.0/16"],"serviceAllocation":{"namespaceSelectors":[{"matchLabels":{"team":"red"}}]}}"#,
-    )?;
-    pool_line(&mut out, "ADDED", "all", &[POOL_V4])?;
+    team_red_and_all_pools(&mut out)?;
     for i in 0..n / 2 {
         plain_service(&mut out, i)?;
     }
     for i in n / 2..n {
-        writeln!(
-            out,
-            r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"new-{i}","labels":{{"team":"blue"}}}}}}}}"#
+        namespace_line(&mut out, "ADDED", &format!("new-{i}"), r#"{"team":"blue"}"#)?;
+    }
+    Ok(out)
+}
+
+/// The pools of [`namespaces_labelled_live_stream`].
+fn team_red_and_all_pools(out: &mut Vec<u8>) -> Result<()> {
+    pool_with(
+        out,
+        "red",
+        r#"{"addresses":["10.255.0.0/16"],"serviceAllocation":{"namespaceSelectors":[{"matchLabels":{"team":"red"}}]}}"#,
+    )?;
+    pool_line(out, "ADDED", "all", &[POOL_V4])
+}
+
+/// A Namespace `name` with the labels `labels` (a JSON object).
+fn namespace_line(out: &mut Vec<u8>, event: &str, name: &str, labels: &str) -> Result<()> {
+    writeln!(
+        out,
+        r#"{{"type":"{event}","object":{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"{name}","labels":{labels}}}}}}}"#
+    )?;
+    Ok(())
+}
+
+/// N/2 Services in one Namespace that the pool `red` serves, then N/2
+/// changes of a label of that Namespace that no pool reads: none may
+/// change what a holder there is allowed.
+fn namespace_relabelled_live_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 200 + 512);
+    team_red_and_all_pools(&mut out)?;
+    namespace_line(&mut out, "ADDED", "big", r#"{"team":"red"}"#)?;
+    for i in 0..n / 2 {
+        service_line(
+            &mut out,
+            "ADDED",
+            ("big", &format!("svc-{i}")),
+            "",
+            "",
+            PORT_80,
+        )?;
+    }
+    for i in n / 2..n {
+        let labels = format!(r#"{{"team":"red","rev":"{i}"}}"#);
+        namespace_line(&mut out, "MODIFIED", "big", &labels)?;
+    }
+    Ok(out)
+}
+
+/// N/2 Services over many Namespaces and one in a Namespace of its own,
+/// which then moves in and out of the pool `red` N/2 times: each change
+/// concerns its one holder (it keeps its address of `all`).
+fn small_namespace_toggled_stream(n: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(n * 200 + 512);
+    team_red_and_all_pools(&mut out)?;
+    namespace_line(&mut out, "ADDED", "small", r#"{"team":"blue"}"#)?;
+    service_line(&mut out, "ADDED", ("small", "svc"), "", "", PORT_80)?;
+    for i in 0..n / 2 {
+        plain_service(&mut out, i)?;
+    }
+    for i in n / 2..n {
+        let team = if i % 2 == 0 { "red" } else { "blue" };
+        namespace_line(
+            &mut out,
+            "MODIFIED",
+            "small",
+            &format!(r#"{{"team":"{team}"}}"#),
         )?;
     }
     Ok(out)
@@ -2678,16 +2750,22 @@ impl fake_watcher::Observer for HeapAtLine {
 /// The child of the growth table: replays the stream at PATH as
 /// `fake-watcher replay --output json` does and prints `key=value` fields.
 /// `--dump-stream SHAPE N PATH` (hidden): writes the growth stream of
-/// SHAPE at N to PATH, to replay or profile it by hand.
+/// SHAPE at N (or `replay`'s mixed stream) to PATH, to replay or profile it
+/// by hand.
 fn dump_stream(args: &[String]) -> Result<()> {
     let [name, n, path] = args else {
         return Err("usage: --dump-stream SHAPE N PATH".into());
     };
-    let shape = GROWTH_SHAPES
-        .iter()
-        .find(|shape| shape.name == name)
-        .ok_or_else(|| format!("no growth shape {name}"))?;
-    std::fs::write(path, (shape.stream)(n.parse()?)?)?;
+    let stream = if name == "replay" {
+        mixed_stream(n.parse()?, REPLAY_SEED)?.0
+    } else {
+        let shape = GROWTH_SHAPES
+            .iter()
+            .find(|shape| shape.name == name)
+            .ok_or_else(|| format!("no growth shape {name}"))?;
+        (shape.stream)(n.parse()?)?
+    };
+    std::fs::write(path, stream)?;
     Ok(())
 }
 
