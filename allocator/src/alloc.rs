@@ -175,6 +175,16 @@ struct Rejection {
 }
 
 impl Rejection {
+    /// The rejection as reported, of the pool `name` of `kind`.
+    fn report(&self, name: &str, kind: PoolKind) -> RejectedPool {
+        RejectedPool {
+            name: name.to_owned(),
+            kind,
+            reason: self.reason.clone(),
+            conflict: self.conflict.as_deref().cloned(),
+        }
+    }
+
     /// A rejection for `error`, of a pool named `name` of kind `kind`.
     fn of(error: &PoolError, name: &str, kind: PoolKind) -> Self {
         let conflict = match error {
@@ -597,6 +607,10 @@ pub struct Allocator {
     /// of what they require leads to, to compare the choices.
     #[cfg(test)]
     pub(crate) every_pinned: bool,
+    /// Tests: decide every pool change by the full recomputation (keeping
+    /// unchanged pools' holdings), to compare the shortcuts' reports.
+    #[cfg(test)]
+    pub(crate) whole_recompute: bool,
 }
 
 impl Allocator {
@@ -689,27 +703,164 @@ impl Allocator {
         // The old object's readers go before the new one's come: the two
         // may read the same labels.
         let new = parsed.as_ref().ok().map(Arc::clone);
+        let mut old_ranges = Vec::new();
         if let Some(old) = self
             .objects_mut(kind)
             .insert(name.to_owned(), PoolObject { parsed, order })
         {
             self.order.remove(&old.order);
             self.read_namespace_labels(name, old.parsed.as_ref().ok(), false);
+            if let Ok(pool) = &old.parsed {
+                old_ranges.clone_from(&pool.ranges);
+            }
         }
         self.read_namespace_labels(name, new.as_ref(), true);
         self.order.insert(order, (kind, name.to_owned()));
         let newest = self.order.last_key_value().map(|(key, _)| *key) == Some(order);
         // A name used by both kinds is decided by the full recomputation.
         let shared_name = self.object(kind.other(), name).is_some();
-        if !shared_name
-            && !self.is_blocking(name)
-            && !self.forced_rebuild()
-            && (newest || !self.overlaps_another(kind, name))
-        {
+        if shared_name || self.forced_recompute() {
+            self.recompute_pools(name)
+        } else if !self.is_blocking(name) && (newest || !self.overlaps_another(kind, name)) {
             self.set_alone(kind, name)
         } else {
-            self.recompute_pools(name)
+            self.recompute_overlapping(kind, name, old_ranges)
         }
+    }
+
+    /// Decides again the pool object `name` of `kind`, just changed or
+    /// removed (its old ranges `old_ranges`), and every pool object it may
+    /// sway: those overlapping its old or new ranges, and those
+    /// overlapping these, and so on. No other pool's acceptance, nor the
+    /// reason of a rejected one, can change: each is decided against the
+    /// older accepted pools it overlaps, all outside this set. Costs the
+    /// set's entries × log pools, plus the rejected pools' entries per
+    /// range looked at, not every pool: a pool that blocks a newer one,
+    /// changed N times beside N pools, is not N².
+    fn recompute_overlapping(
+        &mut self,
+        kind: PoolKind,
+        name: &str,
+        old_ranges: Vec<AddrRange>,
+    ) -> PoolChange {
+        let Some(swayed) = self.overlapping_closure(kind, name, old_ranges) else {
+            return self.recompute_pools(name);
+        };
+        let mut old_states = HashMap::<Arc<str>, Box<PoolState>, FastHash>::default();
+        let mut old_rejected = BTreeMap::new();
+        // Listed first: a removed object is not among those decided.
+        let this = (kind, name.to_owned());
+        for (kind, object_name) in std::iter::once(&this).chain(swayed.values()) {
+            if self
+                .pools
+                .get(object_name.as_str())
+                .is_some_and(|s| s.pool.kind == *kind)
+            {
+                if let Some(state) = self.remove_state(object_name) {
+                    old_states.insert(Arc::clone(&state.name), state);
+                }
+            }
+            if let Some(rejection) = self.forget_rejection(*kind, object_name) {
+                old_rejected.insert((object_name.clone(), *kind), rejection.reason);
+            }
+        }
+        let mut kept = BTreeSet::new();
+        let mut moving = Vec::new();
+        let mut accepted = Vec::new();
+        let mut rejected = Vec::new();
+        for (kind, object_name) in swayed.values() {
+            self.step(1);
+            match self.decide_object(*kind, object_name, &mut old_states, &mut kept, &mut moving) {
+                Some(true) => accepted.push(object_name.clone()),
+                Some(false) => rejected.push((object_name.clone(), *kind)),
+                None => {}
+            }
+        }
+        moving.extend(old_states.into_values());
+        let released = self.rehome(&moving);
+        let mut changed: BTreeSet<String> = accepted
+            .into_iter()
+            .filter(|pool| !kept.contains(pool.as_str()))
+            .collect();
+        changed.extend(moving.iter().map(|state| state.name.to_string()));
+        changed.insert(name.to_owned());
+        rejected.sort();
+        let rejected = rejected
+            .into_iter()
+            .filter_map(|key| {
+                let r = self.rejected.get(&key)?;
+                let same = key.0 != name && old_rejected.get(&key) == Some(&r.reason);
+                (!same).then(|| r.report(&key.0, key.1))
+            })
+            .collect();
+        PoolChange {
+            released,
+            changed: changed.into_iter().collect(),
+            rejected,
+        }
+    }
+
+    /// The pool object `name` of `kind` and, transitively, every pool
+    /// object (accepted or rejected) whose ranges overlap those of one in
+    /// the set, `old_ranges` counting as `name`'s too; in creation order.
+    /// `None` once finding them has looked at more than twice as many
+    /// ranges and pools as there are pool objects: the full recomputation
+    /// is then no dearer (each range found asks every rejected pool).
+    fn overlapping_closure(
+        &self,
+        kind: PoolKind,
+        name: &str,
+        old_ranges: Vec<AddrRange>,
+    ) -> Option<BTreeMap<OrderKey, (PoolKind, String)>> {
+        let budget = 2 * self.order.len() + 16;
+        let mut looked = 0;
+        let mut swayed = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        let mut ranges = old_ranges;
+        let mut add = |kind: PoolKind, name: &str, ranges: &mut Vec<AddrRange>| {
+            if !seen.insert((kind, name.to_owned())) {
+                return;
+            }
+            let Some(object) = self.object(kind, name) else {
+                return;
+            };
+            swayed.insert(object.order, (kind, name.to_owned()));
+            if let Ok(pool) = &object.parsed {
+                ranges.extend(pool.ranges.iter().copied());
+            }
+        };
+        add(kind, name, &mut ranges);
+        while let Some(range) = ranges.pop() {
+            let below = (range.family, 0)..=(range.family, range.last);
+            let mut found = Vec::new();
+            looked += 1 + self.rejected.len();
+            if looked > budget {
+                return None;
+            }
+            for (_, (last, owner)) in self.index.range(below).rev() {
+                self.step(1);
+                if *last < range.first {
+                    break;
+                }
+                if let Some(state) = self.pools.get(owner) {
+                    found.push((state.pool.kind, owner.to_string()));
+                }
+            }
+            for (other, other_kind) in self.rejected.keys() {
+                self.step(1);
+                let overlaps = self
+                    .object(*other_kind, other)
+                    .and_then(|object| object.parsed.as_ref().ok())
+                    .is_some_and(|pool| pool.ranges.iter().any(|r| r.overlaps(&range)));
+                if overlaps {
+                    found.push((*other_kind, other.clone()));
+                }
+            }
+            for (kind, name) in found {
+                add(kind, &name, &mut ranges);
+            }
+        }
+        Some(swayed)
     }
 
     /// Whether the pool object `name` of `kind`, as defined now, overlaps
@@ -774,8 +925,13 @@ impl Allocator {
         };
         self.order.remove(&object.order);
         self.read_namespace_labels(name, object.parsed.as_ref().ok(), false);
-        if self.forced_rebuild() || self.is_blocking(name) {
+        // The newer object of the other kind with this name may come in.
+        if self.forced_recompute() || self.object(kind.other(), name).is_some() {
             return self.recompute_pools(name);
+        }
+        if self.is_blocking(name) {
+            let old_ranges = object.parsed.map(|pool| pool.ranges.clone());
+            return self.recompute_overlapping(kind, name, old_ranges.unwrap_or_default());
         }
         // Nothing depends on a rejected pool, nor on an accepted one that
         // blocks no other: only its own holdings go.
@@ -843,6 +999,16 @@ impl Allocator {
         false
     }
 
+    /// [`Allocator::forced_rebuild`], or the full recomputation forced
+    /// with reuse.
+    fn forced_recompute(&self) -> bool {
+        #[cfg(test)]
+        if self.whole_recompute {
+            return true;
+        }
+        self.forced_rebuild()
+    }
+
     /// Which group of automatic pools `pool` is in, if it is an accepted
     /// automatic pool.
     pub fn auto_group(&self, pool: &str) -> Option<AutoGroup> {
@@ -866,17 +1032,17 @@ impl Allocator {
         self.blocking.get(name).is_some_and(|n| *n > 0)
     }
 
-    fn forget_rejection(&mut self, kind: PoolKind, name: &str) {
-        if let Some(rejection) = self.rejected.remove(&(name.to_owned(), kind)) {
-            if let Some(blocker) = rejection.blocker {
-                if let Some(count) = self.blocking.get_mut(&blocker) {
-                    *count = count.saturating_sub(1);
-                    if *count == 0 {
-                        self.blocking.remove(&blocker);
-                    }
+    fn forget_rejection(&mut self, kind: PoolKind, name: &str) -> Option<Rejection> {
+        let rejection = self.rejected.remove(&(name.to_owned(), kind))?;
+        if let Some(blocker) = &rejection.blocker {
+            if let Some(count) = self.blocking.get_mut(blocker) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    self.blocking.remove(blocker);
                 }
             }
         }
+        Some(rejection)
     }
 
     fn reject(&mut self, kind: PoolKind, name: &str, rejection: Rejection) {
@@ -924,12 +1090,7 @@ impl Allocator {
                 self.insert_state(state);
             }
             Err(rejection) => {
-                change.rejected.push(RejectedPool {
-                    name: name.to_owned(),
-                    kind,
-                    reason: rejection.reason.clone(),
-                    conflict: rejection.conflict.as_deref().cloned(),
-                });
+                change.rejected.push(rejection.report(name, kind));
                 self.reject(kind, name, rejection);
                 moving.extend(old);
             }
@@ -1072,12 +1233,7 @@ impl Allocator {
     pub fn rejected_pools(&self) -> Vec<RejectedPool> {
         self.rejected
             .iter()
-            .map(|((name, kind), rejection)| RejectedPool {
-                name: name.clone(),
-                kind: *kind,
-                reason: rejection.reason.clone(),
-                conflict: rejection.conflict.as_deref().cloned(),
-            })
+            .map(|((name, kind), rejection)| rejection.report(name, *kind))
             .collect()
     }
 
@@ -1102,39 +1258,15 @@ impl Allocator {
         let mut kept = BTreeSet::new();
         let mut moving = Vec::new();
         let names: Vec<(PoolKind, String)> = self.order.values().cloned().collect();
+        let mut old_pools: HashMap<Arc<str>, Box<PoolState>, FastHash> = if reuse {
+            old_pools.into_iter().collect()
+        } else {
+            moving.extend(std::mem::take(&mut old_pools).into_values());
+            HashMap::default()
+        };
         for (kind, object_name) in &names {
-            let kind = *kind;
             self.step(1);
-            let Some(object) = self.object(kind, object_name) else {
-                continue;
-            };
-            if let Some(rejection) = self.name_taken(kind, object_name, object.order) {
-                self.reject(kind, object_name, rejection);
-                continue;
-            }
-            let pool = match &object.parsed {
-                Ok(pool) => pool.clone(),
-                Err(error) => {
-                    let rejection = Rejection::of(error, object_name, kind);
-                    self.reject(kind, object_name, rejection);
-                    continue;
-                }
-            };
-            if let Some(rejection) = overlap_in_index(&self.index, &self.pools, &pool) {
-                self.reject(kind, object_name, rejection);
-                continue;
-            }
-            let state = match old_pools.remove(object_name.as_str()) {
-                Some(old) if reuse && old.pool == pool => {
-                    kept.insert(Arc::clone(&old.name));
-                    old
-                }
-                other => {
-                    moving.extend(other);
-                    Box::new(PoolState::new(pool))
-                }
-            };
-            self.insert_state(state);
+            self.decide_object(*kind, object_name, &mut old_pools, &mut kept, &mut moving);
         }
         moving.extend(old_pools.into_values());
         let released = self.rehome(&moving);
@@ -1152,18 +1284,61 @@ impl Allocator {
             .filter(|(key, r)| {
                 key.0 == name || old_rejected.get(*key).map(|o| &o.reason) != Some(&r.reason)
             })
-            .map(|((pool, kind), r)| RejectedPool {
-                name: pool.clone(),
-                kind: *kind,
-                reason: r.reason.clone(),
-                conflict: r.conflict.as_deref().cloned(),
-            })
+            .map(|((pool, kind), r)| r.report(pool, *kind))
             .collect();
         PoolChange {
             released,
             changed: changed.into_iter().collect(),
             rejected,
         }
+    }
+
+    /// Decides the pool object `name` of `kind` against the accepted pools
+    /// in the index (those older than it, when objects are decided in
+    /// creation order): rejects it, or accepts it with its old state from
+    /// `old_states` when the pool is the same (`kept`), else with a new
+    /// one (the old state `moving`). Whether it was accepted; `None` when
+    /// there is no such object.
+    // Boxed states: they move between the pool map and these lists as
+    // they are, never copied out of their box.
+    #[allow(clippy::vec_box)]
+    fn decide_object(
+        &mut self,
+        kind: PoolKind,
+        name: &str,
+        old_states: &mut HashMap<Arc<str>, Box<PoolState>, FastHash>,
+        kept: &mut BTreeSet<Arc<str>>,
+        moving: &mut Vec<Box<PoolState>>,
+    ) -> Option<bool> {
+        let object = self.object(kind, name)?;
+        if let Some(rejection) = self.name_taken(kind, name, object.order) {
+            self.reject(kind, name, rejection);
+            return Some(false);
+        }
+        let pool = match &object.parsed {
+            Ok(pool) => Arc::clone(pool),
+            Err(error) => {
+                let rejection = Rejection::of(error, name, kind);
+                self.reject(kind, name, rejection);
+                return Some(false);
+            }
+        };
+        if let Some(rejection) = overlap_in_index(&self.index, &self.pools, &pool) {
+            self.reject(kind, name, rejection);
+            return Some(false);
+        }
+        let state = match old_states.remove(name) {
+            Some(old) if old.pool == pool => {
+                kept.insert(Arc::clone(&old.name));
+                old
+            }
+            other => {
+                moving.extend(other);
+                Box::new(PoolState::new(pool))
+            }
+        };
+        self.insert_state(state);
+        Some(true)
     }
 
     /// Places again the holdings of the pools `gone` (no longer in any

@@ -926,6 +926,23 @@ fn apply(a: &mut Allocator, op: &Op) -> String {
     }
 }
 
+/// Carries out `op`; for a change of pools, the whole report of it.
+fn apply_pool_op(a: &mut Allocator, op: &Op) -> Option<PoolChange> {
+    let removed = match op {
+        Op::RemovePool { pool } => a.remove_pool(&format!("pool{pool}")),
+        Op::RemoveCiliumPool { pool } => a.remove_cilium_pool(&format!("pool{pool}")),
+        Op::SetPool { pool, shape } => {
+            let addresses = POOL_SHAPES.get(usize::from(*shape)).copied().unwrap_or(&[]);
+            a.set_pool(&format!("pool{pool}"), &pool_spec(addresses))
+        }
+        _ => {
+            apply(a, op);
+            return None;
+        }
+    };
+    Some(removed)
+}
+
 /// Services s6 and s7 live in another namespace, for the namespace rule.
 fn key_of(service: u8) -> String {
     if service >= 6 {
@@ -978,6 +995,25 @@ proptest! {
                 seen.push((answer, a.holder_lists()));
             }
             (seen, a.holdings(), a.pool_stats())
+        };
+        prop_assert_eq!(run(false), run(true));
+    }
+
+    /// A pool change decided by a shortcut (alone, or with the pools it
+    /// overlaps) reports what the full recomputation reports: the same
+    /// releases, changed pools and rejections, and the same rejected
+    /// pools after it.
+    #[test]
+    fn pool_change_shortcuts_report_what_the_full_recomputation_does(ops in prop::collection::vec(op(), 1..80)) {
+        let run = |whole: bool| {
+            let mut a = Allocator::new();
+            a.whole_recompute = whole;
+            let mut seen = Vec::new();
+            for op in &ops {
+                let change = apply_pool_op(&mut a, op);
+                seen.push((change, a.rejected_pools(), a.holdings()));
+            }
+            seen
         };
         prop_assert_eq!(run(false), run(true));
     }
@@ -1154,6 +1190,36 @@ mod cost {
         assert_eq!(a.rejected_pools().len(), (N / 2 - 1) as usize);
         assert!(change.changed.len() >= (N - 1) as usize);
         assert_linear(&a, N, 8);
+    }
+
+    /// N pools, the oldest of which overlaps (and so blocks) the second;
+    /// then the oldest changed N times, each time still blocking it. Only
+    /// the pools it may sway (the two) are decided again, not every pool
+    /// (the full recomputation took N steps per change); a change that
+    /// stops the blocking brings the blocked pool in.
+    #[test]
+    fn a_pool_that_blocks_another_changed_n_times() {
+        let mut a = Allocator::new();
+        a.set_pool("a-first", &pool_spec(&[&format!("{}/30", v4(0))]));
+        for p in 0..N {
+            let first = v4(4 * p);
+            a.set_pool(&format!("p{p:05}"), &pool_spec(&[&format!("{first}/30")]));
+        }
+        assert_eq!(a.rejected_pools().len(), 1);
+        let before = a.steps();
+        for i in 0..N {
+            let extra = format!("{}/32", v4(4 * N + i));
+            a.set_pool("a-first", &pool_spec(&[&format!("{}/30", v4(0)), &extra]));
+            assert_eq!(a.rejected_pools().len(), 1);
+        }
+        assert!(
+            a.steps() - before <= u64::from(N) * 20,
+            "{}",
+            a.steps() - before
+        );
+        let change = a.set_pool("a-first", &pool_spec(&[&format!("{}/32", v4(4 * N + 7))]));
+        assert!(a.rejected_pools().is_empty());
+        assert_eq!(change.changed, ["a-first", "p00000"]);
     }
 
     /// N pools of two addresses, each with its two holders, then each
