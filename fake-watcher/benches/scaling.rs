@@ -1782,6 +1782,16 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         },
     },
     GrowthShape {
+        name: "blocking_pool_changed",
+        what: "a pool overlapping (so blocking) the first of N/2 pools (/30), then N/2 changes of it that keep it blocking",
+        exception: None,
+        stream: blocking_pool_changed_stream,
+        expect: |_| Expect {
+            served: 0,
+            addresses: Some(0),
+        },
+    },
+    GrowthShape {
         name: "namespace_relabelled_live",
         what: "a pool for `team: red` Namespaces and one for all; N/2 Services in one `team: red` Namespace, then N/2 changes of a label of it no pool reads",
         exception: None,
@@ -2007,6 +2017,32 @@ fn namespaces_labelled_live_stream(n: usize) -> Result<Vec<u8>> {
     }
     for i in n / 2..n {
         namespace_line(&mut out, "ADDED", &format!("new-{i}"), r#"{"team":"blue"}"#)?;
+    }
+    Ok(out)
+}
+
+/// The pool `a-first`, then N/2 pools of a `/30` each, the first of which
+/// `a-first` overlaps (and so rejects); then N/2 changes of `a-first`,
+/// each adding a `/32` elsewhere: each change sways two pools, not all.
+fn blocking_pool_changed_stream(n: usize) -> Result<Vec<u8>> {
+    let pools = n / 2;
+    let mut out = Vec::with_capacity(n * 200);
+    let (first, last) = block(0, 4);
+    pool_line(&mut out, "ADDED", "a-first", &[&format!("{first}-{last}")])?;
+    for p in 0..pools {
+        let (first, last) = block(p, 4);
+        pool_line(
+            &mut out,
+            "ADDED",
+            &format!("pool-{p}"),
+            &[&format!("{first}-{last}")],
+        )?;
+    }
+    for i in 0..n - pools {
+        let (first, last) = block(0, 4);
+        let (extra, _) = block(pools + i, 4);
+        let ranges = [format!("{first}-{last}"), format!("{extra}/32")];
+        pool_line(&mut out, "MODIFIED", "a-first", &[&ranges[0], &ranges[1]])?;
     }
     Ok(out)
 }
