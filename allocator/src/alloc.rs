@@ -766,38 +766,13 @@ impl Allocator {
         }
         let mut kept = BTreeSet::new();
         let mut moving = Vec::new();
-        let mut accepted = Vec::new();
-        let mut rejected = Vec::new();
         for (kind, object_name) in swayed.values() {
             self.step(1);
-            match self.decide_object(*kind, object_name, &mut old_states, &mut kept, &mut moving) {
-                Some(true) => accepted.push(object_name.clone()),
-                Some(false) => rejected.push((object_name.clone(), *kind)),
-                None => {}
-            }
+            self.decide_object(*kind, object_name, &mut old_states, &mut kept, &mut moving);
         }
         moving.extend(old_states.into_values());
-        let released = self.rehome(&moving);
-        let mut changed: BTreeSet<String> = accepted
-            .into_iter()
-            .filter(|pool| !kept.contains(pool.as_str()))
-            .collect();
-        changed.extend(moving.iter().map(|state| state.name.to_string()));
-        changed.insert(name.to_owned());
-        rejected.sort();
-        let rejected = rejected
-            .into_iter()
-            .filter_map(|key| {
-                let r = self.rejected.get(&key)?;
-                let same = key.0 != name && old_rejected.get(&key) == Some(&r.reason);
-                (!same).then(|| r.report(&key.0, key.1))
-            })
-            .collect();
-        PoolChange {
-            released,
-            changed: changed.into_iter().collect(),
-            rejected,
-        }
+        let decided = swayed.values().map(|(kind, name)| (*kind, name.as_str()));
+        self.finish_change(name, decided, &kept, &moving, &old_rejected)
     }
 
     /// The pool object `name` of `kind` and, transitively, every pool
@@ -831,30 +806,18 @@ impl Allocator {
         };
         add(kind, name, &mut ranges);
         while let Some(range) = ranges.pop() {
-            let below = (range.family, 0)..=(range.family, range.last);
             let mut found = Vec::new();
             looked += 1 + self.rejected.len();
             if looked > budget {
                 return None;
             }
-            for (_, (last, owner)) in self.index.range(below).rev() {
-                self.step(1);
-                if *last < range.first {
-                    break;
-                }
+            for owner in self.accepted_overlapping(&range) {
                 if let Some(state) = self.pools.get(owner) {
                     found.push((state.pool.kind, owner.to_string()));
                 }
             }
-            for (other, other_kind) in self.rejected.keys() {
-                self.step(1);
-                let overlaps = self
-                    .object(*other_kind, other)
-                    .and_then(|object| object.parsed.as_ref().ok())
-                    .is_some_and(|pool| pool.ranges.iter().any(|r| r.overlaps(&range)));
-                if overlaps {
-                    found.push((*other_kind, other.clone()));
-                }
+            for (other, other_kind) in self.rejected_overlapping(&range) {
+                found.push((*other_kind, other.clone()));
             }
             for (kind, name) in found {
                 add(kind, &name, &mut ranges);
@@ -873,34 +836,41 @@ impl Allocator {
         let Some(Ok(pool)) = self.object(kind, name).map(|object| &object.parsed) else {
             return false;
         };
-        for range in &pool.ranges {
-            // Disjoint ranges, latest start first: those ending before ours
-            // starts end the search; its own old ranges are skipped.
-            let below = (range.family, 0)..=(range.family, range.last);
-            for (_, (last, owner)) in self.index.range(below).rev() {
-                self.step(1);
-                if *last < range.first {
-                    break;
-                }
-                if **owner != *name {
-                    return true;
-                }
-            }
-        }
-        self.rejected.keys().any(|(other, other_kind)| {
+        // Its own old ranges (still in the index) and rejection are skipped.
+        pool.ranges.iter().any(|range| {
+            self.accepted_overlapping(range)
+                .any(|owner| **owner != *name)
+                || self
+                    .rejected_overlapping(range)
+                    .any(|(other, other_kind)| other != name || *other_kind != kind)
+        })
+    }
+
+    /// The accepted pools with a range overlapping `range`.
+    fn accepted_overlapping<'a>(&'a self, range: &AddrRange) -> impl Iterator<Item = &'a Arc<str>> {
+        // Disjoint ranges, latest start first: those ending before ours
+        // starts end the search.
+        let below = (range.family, 0)..=(range.family, range.last);
+        let first = range.first;
+        self.index
+            .range(below)
+            .rev()
+            .inspect(|_| self.step(1))
+            .take_while(move |(_, (last, _))| *last >= first)
+            .map(|(_, (_, owner))| owner)
+    }
+
+    /// The rejected pool objects with a range overlapping `range`: one look
+    /// at each rejected pool (few: a rejection is a configuration error).
+    fn rejected_overlapping<'a>(
+        &'a self,
+        range: &'a AddrRange,
+    ) -> impl Iterator<Item = &'a (String, PoolKind)> {
+        self.rejected.keys().filter(move |(other, other_kind)| {
             self.step(1);
-            if other == name && *other_kind == kind {
-                return false;
-            }
-            let Some(Ok(theirs)) = self.object(*other_kind, other).map(|object| &object.parsed)
-            else {
-                return false;
-            };
-            let ours = &pool.ranges;
-            theirs
-                .ranges
-                .iter()
-                .any(|r| ours.iter().any(|o| o.overlaps(r)))
+            self.object(*other_kind, other)
+                .and_then(|object| object.parsed.as_ref().ok())
+                .is_some_and(|theirs| theirs.ranges.iter().any(|r| r.overlaps(range)))
         })
     }
 
@@ -1269,25 +1239,46 @@ impl Allocator {
             self.decide_object(*kind, object_name, &mut old_pools, &mut kept, &mut moving);
         }
         moving.extend(old_pools.into_values());
-        let released = self.rehome(&moving);
-        let mut changed: BTreeSet<String> = self
-            .pools
-            .keys()
-            .filter(|pool| !kept.contains(*pool))
-            .map(|pool| pool.to_string())
+        let old_reasons = old_rejected
+            .into_iter()
+            .map(|(key, rejection)| (key, rejection.reason))
             .collect();
+        let decided = names.iter().map(|(kind, name)| (*kind, name.as_str()));
+        self.finish_change(name, decided, &kept, &moving, &old_reasons)
+    }
+
+    /// Re-homes the holdings of the `moving` states and reports the change
+    /// of the pool `name`, once the pool objects `decided` are decided
+    /// again: it releases what the `moving` states
+    /// held and no pool now takes; it changes `name`, the `moving` pools
+    /// and those accepted but not `kept`; and it reports those rejected
+    /// for another reason than `old_reasons` says, and `name` whenever it
+    /// is rejected.
+    fn finish_change<'a>(
+        &mut self,
+        name: &str,
+        decided: impl Iterator<Item = (PoolKind, &'a str)>,
+        kept: &BTreeSet<Arc<str>>,
+        moving: &[Box<PoolState>],
+        old_reasons: &BTreeMap<(String, PoolKind), String>,
+    ) -> PoolChange {
+        let mut changed: BTreeSet<String> = BTreeSet::new();
+        let mut rejected = Vec::new();
+        for (kind, object_name) in decided {
+            let key = (object_name.to_owned(), kind);
+            if let Some(r) = self.rejected.get(&key) {
+                if object_name == name || old_reasons.get(&key) != Some(&r.reason) {
+                    rejected.push(r.report(object_name, kind));
+                }
+            } else if self.pools.contains_key(object_name) && !kept.contains(object_name) {
+                changed.insert(object_name.to_owned());
+            }
+        }
+        rejected.sort_by(|a, b| (&a.name, a.kind).cmp(&(&b.name, b.kind)));
         changed.extend(moving.iter().map(|state| state.name.to_string()));
         changed.insert(name.to_owned());
-        let rejected = self
-            .rejected
-            .iter()
-            .filter(|(key, r)| {
-                key.0 == name || old_rejected.get(*key).map(|o| &o.reason) != Some(&r.reason)
-            })
-            .map(|((pool, kind), r)| r.report(pool, *kind))
-            .collect();
         PoolChange {
-            released,
+            released: self.rehome(moving),
             changed: changed.into_iter().collect(),
             rejected,
         }
@@ -1297,8 +1288,7 @@ impl Allocator {
     /// in the index (those older than it, when objects are decided in
     /// creation order): rejects it, or accepts it with its old state from
     /// `old_states` when the pool is the same (`kept`), else with a new
-    /// one (the old state `moving`). Whether it was accepted; `None` when
-    /// there is no such object.
+    /// one (the old state `moving`). Nothing when there is no such object.
     // Boxed states: they move between the pool map and these lists as
     // they are, never copied out of their box.
     #[allow(clippy::vec_box)]
@@ -1309,23 +1299,25 @@ impl Allocator {
         old_states: &mut HashMap<Arc<str>, Box<PoolState>, FastHash>,
         kept: &mut BTreeSet<Arc<str>>,
         moving: &mut Vec<Box<PoolState>>,
-    ) -> Option<bool> {
-        let object = self.object(kind, name)?;
+    ) {
+        let Some(object) = self.object(kind, name) else {
+            return;
+        };
         if let Some(rejection) = self.name_taken(kind, name, object.order) {
             self.reject(kind, name, rejection);
-            return Some(false);
+            return;
         }
         let pool = match &object.parsed {
             Ok(pool) => Arc::clone(pool),
             Err(error) => {
                 let rejection = Rejection::of(error, name, kind);
                 self.reject(kind, name, rejection);
-                return Some(false);
+                return;
             }
         };
         if let Some(rejection) = overlap_in_index(&self.index, &self.pools, &pool) {
             self.reject(kind, name, rejection);
-            return Some(false);
+            return;
         }
         let state = match old_states.remove(name) {
             Some(old) if old.pool == pool => {
@@ -1338,7 +1330,6 @@ impl Allocator {
             }
         };
         self.insert_state(state);
-        Some(true)
     }
 
     /// Places again the holdings of the pools `gone` (no longer in any
