@@ -20,6 +20,7 @@ use crate::holders::{tenancies_agree, Holders, Tenancy};
 use crate::label_readers::LabelReaders;
 use crate::pinned::Fact;
 use crate::pool::{AddrRange, Conflict, Pool, PoolError, PoolKind, Rules};
+use crate::rejected_ranges::RejectedRanges;
 use crate::request::{FamilyPolicy, Port, Request, SharingNamespaces, SharingRule};
 use crate::spec::IPAddressPoolSpec;
 use crate::used::UsedSet;
@@ -570,6 +571,8 @@ pub struct Allocator {
     namespace_readers: LabelReaders,
     /// Rejected pools by name and kind.
     rejected: BTreeMap<(String, PoolKind), Rejection>,
+    /// The ranges of the rejected pools that parsed, by first address.
+    rejected_ranges: RejectedRanges,
     /// How many rejected pools each accepted pool blocks.
     blocking: HashMap<Arc<str>, u32, FastHash>,
     /// Accepted pools' ranges: (family, first) → (last, pool), for locating
@@ -779,16 +782,16 @@ impl Allocator {
     /// object (accepted or rejected) whose ranges overlap those of one in
     /// the set, `old_ranges` counting as `name`'s too; in creation order.
     /// `None` once finding them has looked at more than twice as many
-    /// ranges and pools as there are pool objects: the full recomputation
-    /// is then no dearer (each range found asks every rejected pool).
+    /// ranges as there are pool objects: the full recomputation is then
+    /// no dearer.
     fn overlapping_closure(
         &self,
         kind: PoolKind,
         name: &str,
         old_ranges: Vec<AddrRange>,
     ) -> Option<BTreeMap<OrderKey, (PoolKind, String)>> {
-        let budget = 2 * self.order.len() + 16;
-        let mut looked = 0;
+        let budget = 2 * self.order.len() as u64 + 16;
+        let start = self.steps.get();
         let mut swayed = BTreeMap::new();
         let mut seen = BTreeSet::new();
         let mut ranges = old_ranges;
@@ -807,8 +810,8 @@ impl Allocator {
         add(kind, name, &mut ranges);
         while let Some(range) = ranges.pop() {
             let mut found = Vec::new();
-            looked += 1 + self.rejected.len();
-            if looked > budget {
+            self.step(1);
+            if self.steps.get().saturating_sub(start) > budget {
                 return None;
             }
             for owner in self.accepted_overlapping(&range) {
@@ -816,8 +819,8 @@ impl Allocator {
                     found.push((state.pool.kind, owner.to_string()));
                 }
             }
-            for (other, other_kind) in self.rejected_overlapping(&range) {
-                found.push((*other_kind, other.clone()));
+            for (other_kind, other) in self.rejected_overlapping(&range) {
+                found.push((other_kind, other.to_owned()));
             }
             for (kind, name) in found {
                 add(kind, &name, &mut ranges);
@@ -842,7 +845,7 @@ impl Allocator {
                 .any(|owner| **owner != *name)
                 || self
                     .rejected_overlapping(range)
-                    .any(|(other, other_kind)| other != name || *other_kind != kind)
+                    .any(|(other_kind, other)| other != name || other_kind != kind)
         })
     }
 
@@ -860,18 +863,13 @@ impl Allocator {
             .map(|(_, (_, owner))| owner)
     }
 
-    /// The rejected pool objects with a range overlapping `range`: one look
-    /// at each rejected pool (few: a rejection is a configuration error).
+    /// The rejected pool objects with a range overlapping `range`, a pool
+    /// once per range of it that does.
     fn rejected_overlapping<'a>(
         &'a self,
-        range: &'a AddrRange,
-    ) -> impl Iterator<Item = &'a (String, PoolKind)> {
-        self.rejected.keys().filter(move |(other, other_kind)| {
-            self.step(1);
-            self.object(*other_kind, other)
-                .and_then(|object| object.parsed.as_ref().ok())
-                .is_some_and(|theirs| theirs.ranges.iter().any(|r| r.overlaps(range)))
-        })
+        range: &AddrRange,
+    ) -> impl Iterator<Item = (PoolKind, &'a str)> {
+        self.rejected_ranges.overlapping(range, || self.step(1))
     }
 
     /// Removes the `IPAddressPool` `name`, if present, and recomputes
@@ -1004,6 +1002,7 @@ impl Allocator {
 
     fn forget_rejection(&mut self, kind: PoolKind, name: &str) -> Option<Rejection> {
         let rejection = self.rejected.remove(&(name.to_owned(), kind))?;
+        self.rejected_ranges.remove(kind, name);
         if let Some(blocker) = &rejection.blocker {
             if let Some(count) = self.blocking.get_mut(blocker) {
                 *count = count.saturating_sub(1);
@@ -1020,6 +1019,13 @@ impl Allocator {
             *self.blocking.entry(Arc::clone(blocker)).or_insert(0) += 1;
         }
         self.rejected.insert((name.to_owned(), kind), rejection);
+        let ranges = self
+            .object(kind, name)
+            .and_then(|object| object.parsed.as_ref().ok())
+            .map(|pool| pool.ranges.clone());
+        if let Some(ranges) = ranges {
+            self.rejected_ranges.insert(kind, name, &ranges);
+        }
     }
 
     /// The pool `name` of `kind`, blocking no other and alone with its
@@ -1220,6 +1226,7 @@ impl Allocator {
     fn recompute_pools(&mut self, name: &str) -> PoolChange {
         let mut old_pools = std::mem::take(&mut self.pools);
         let old_rejected = std::mem::take(&mut self.rejected);
+        self.rejected_ranges.clear();
         // Tests: every holding placed again, as before pools kept theirs.
         let reuse = !self.forced_rebuild();
         self.index.clear();

@@ -28,6 +28,7 @@ mod holders;
 mod label_readers;
 mod pinned;
 mod pool;
+mod rejected_ranges;
 mod request;
 mod selector;
 mod used;

@@ -122,11 +122,6 @@ impl AddrRange {
         self.family == family && self.first <= value && value <= self.last
     }
 
-    /// Whether the two ranges share an address.
-    pub(crate) fn overlaps(&self, other: &AddrRange) -> bool {
-        self.family == other.family && self.first <= other.last && other.first <= self.last
-    }
-
     /// Whether `value` (of the range's family) is one of its reserved ends.
     pub(crate) fn reserves(&self, value: u128) -> bool {
         self.reserve_ends && (value == self.first || value == self.last)

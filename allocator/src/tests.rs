@@ -1222,6 +1222,37 @@ mod cost {
         assert_eq!(change.changed, ["a-first", "p00000"]);
     }
 
+    /// N pairs of pools, the newer of each overlapping (so rejected by) the
+    /// older, then each older one widened: finding the pools a change may
+    /// sway looks at the rejected ranges near it, not at all N (before,
+    /// N per change).
+    #[test]
+    fn pairs_of_pools_changed_one_by_one() {
+        let mut a = Allocator::new();
+        let block = |p: u32| format!("{}/30", v4(4 * p));
+        for p in 0..N {
+            a.set_pool(&format!("p{p:05}-a"), &pool_spec(&[&block(p)]));
+            a.set_pool(&format!("p{p:05}-b"), &pool_spec(&[&block(p)]));
+        }
+        assert_eq!(a.rejected_pools().len(), N as usize);
+        let before = a.steps();
+        for p in 0..N {
+            let extra = format!("{}/32", v4(4 * (N + p)));
+            let change = a.set_pool(&format!("p{p:05}-a"), &pool_spec(&[&block(p), &extra]));
+            assert_eq!(change.changed, [format!("p{p:05}-a")]);
+        }
+        assert_eq!(a.rejected_pools().len(), N as usize);
+        assert!(
+            a.steps() - before <= u64::from(N) * 20,
+            "{}",
+            a.steps() - before
+        );
+        // The older one of a pair gone, the newer one comes in.
+        let change = a.remove_pool("p00007-a");
+        assert_eq!(change.changed, ["p00007-a", "p00007-b"]);
+        assert_eq!(a.rejected_pools().len(), N as usize - 1);
+    }
+
     /// N pools of two addresses, each with its two holders, then each
     /// widened in turn (the oldest first): a change of a pool that is not
     /// the newest, overlaps no other and blocks none is decided for that
