@@ -1792,6 +1792,16 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         },
     },
     GrowthShape {
+        name: "pairs_changed",
+        what: "N/4 pairs of pools, a /30 and a newer one overlapping (so rejected by) it, then N/2 changes of the older ones, each adding a /32 elsewhere",
+        exception: None,
+        stream: pairs_changed_stream,
+        expect: |_| Expect {
+            served: 0,
+            addresses: Some(0),
+        },
+    },
+    GrowthShape {
         name: "namespace_relabelled_live",
         what: "a pool for `team: red` Namespaces and one for all; N/2 Services in one `team: red` Namespace, then N/2 changes of a label of it no pool reads",
         exception: None,
@@ -2043,6 +2053,34 @@ fn blocking_pool_changed_stream(n: usize) -> Result<Vec<u8>> {
         let (extra, _) = block(pools + i, 4);
         let ranges = [format!("{first}-{last}"), format!("{extra}/32")];
         pool_line(&mut out, "MODIFIED", "a-first", &[&ranges[0], &ranges[1]])?;
+    }
+    Ok(out)
+}
+
+/// N/4 pairs of pools: `pK-a`, a `/30`, then `pK-b` over the same `/30`,
+/// rejected for overlapping it; then N/2 changes of the `pK-a`s in turn,
+/// each adding a `/32` elsewhere. Each change sways its own pair, so
+/// finding the rejected pools it overlaps must not visit all of them.
+fn pairs_changed_stream(n: usize) -> Result<Vec<u8>> {
+    let pairs = (n / 4).max(1);
+    let mut out = Vec::with_capacity(n * 200);
+    for p in 0..pairs {
+        let (first, last) = block(p, 4);
+        let range = format!("{first}-{last}");
+        pool_line(&mut out, "ADDED", &format!("p{p:06}-a"), &[&range])?;
+        pool_line(&mut out, "ADDED", &format!("p{p:06}-b"), &[&range])?;
+    }
+    for i in 0..n.saturating_sub(2 * pairs) {
+        let p = i % pairs;
+        let (first, last) = block(p, 4);
+        let (extra, _) = block(pairs + i, 4);
+        let ranges = [format!("{first}-{last}"), format!("{extra}/32")];
+        pool_line(
+            &mut out,
+            "MODIFIED",
+            &format!("p{p:06}-a"),
+            &[&ranges[0], &ranges[1]],
+        )?;
     }
     Ok(out)
 }
