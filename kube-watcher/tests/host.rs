@@ -294,12 +294,9 @@ async fn a_watch_ending_in_410_relists_and_changes_nothing() {
     host.shutdown().await;
 }
 
-/// On real time: on tokio's paused clock, in a release build, the host's
-/// watches delivered no event from the stub's socket while the clock ran
-/// ahead from one lease timer to the next (the cause is not pinned down).
-/// The intruder's 3 s lease runs out, and the look for writes ends when
-/// the host is idle.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// On tokio's paused clock: the intruder's 3 s lease runs out in virtual
+/// time, and the look for writes ends when the host is idle.
+#[tokio::test(start_paused = true)]
 async fn losing_the_lease_stops_writes_and_the_next_term_keeps_addresses() {
     let stub = cluster().await;
     let host = Host::start(stub.client("a"), config("a"));
@@ -354,9 +351,10 @@ async fn losing_the_lease_stops_writes_and_the_next_term_keeps_addresses() {
     host.shutdown().await;
 }
 
-/// On real time (see the test above): the leases are 3 s with a 2 s renew
-/// deadline renewed every 100 ms, far from what load can lapse.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// On tokio's paused clock: the leases and the waits run on virtual time,
+/// which moves only when the host and the stub have nothing left to do, so
+/// a loaded machine cannot make a lease lapse or a wait run out.
+#[tokio::test(start_paused = true)]
 async fn only_the_leader_writes_and_a_new_leader_changes_no_address() {
     let stub = cluster().await;
     stub.create(service("ns", "db", "10.96.0.2"));

@@ -444,6 +444,11 @@ impl ApiServerStub {
                         Err(_) => continue,
                     },
                 };
+                // As Go's net/http does: without it, a watch event written
+                // after the response headers waits for the client's delayed
+                // ACK (Nagle), ~40 ms of real time, during which a paused
+                // clock runs on from timer to timer.
+                let _ = stream.set_nodelay(true);
                 let server = server.clone();
                 let stop = stop.clone();
                 tokio::spawn(async move {
