@@ -46,6 +46,9 @@ use crate::watch::{creation_order, Converting, Driver, SyncTracker};
 /// The kinds whose initial list must complete before the manager is synced.
 /// `CiliumLoadBalancerIPPool` counts as listed at once when discovery finds
 /// its CRD not served (see [`crate::cilium`]).
+/// How long [`Host::shutdown`] waits for an Event already being sent.
+const EVENT_DRAIN: Duration = Duration::from_secs(5);
+
 pub(crate) const KINDS: [&str; 4] = ["Namespace", "IPAddressPool", cilium::KIND, "Service"];
 
 /// How a [`Host`] runs.
@@ -295,13 +298,21 @@ impl Host {
         self.events.drained().await;
     }
 
-    /// Stops everything (a leader gives its Lease up) and waits for it.
+    /// Stops everything (a leader gives its Lease up) and waits for it,
+    /// Events on their way included (those not yet sent are dropped, the
+    /// gate being shut), for at most [`EVENT_DRAIN`].
     pub async fn shutdown(self) {
         self.cancel.cancel();
         for task in self.tasks {
             if let Err(error) = task.await {
                 tracing::warn!(%error, "a host task failed");
             }
+        }
+        if tokio::time::timeout(EVENT_DRAIN, self.events.drained())
+            .await
+            .is_err()
+        {
+            tracing::warn!("an Event was still being sent at shutdown");
         }
     }
 }
@@ -415,7 +426,7 @@ async fn lead(shared: Arc<Shared>, mut leader: watch::Receiver<bool>, cancel: Ca
             return;
         }
         let term = cancel.child_token();
-        let worker = start_term(&shared, &term).await;
+        let term_tasks = start_term(&shared, &term).await;
         tokio::select! {
             () = cancel.cancelled() => {}
             _ = async { leader.wait_for(|leading| !*leading).await.map(|_| ()) } => {}
@@ -424,8 +435,12 @@ async fn lead(shared: Arc<Shared>, mut leader: watch::Receiver<bool>, cancel: Ca
         shared.current.set(None);
         shared.metrics.set_controller(None);
         shared.metrics.set_leader(false);
-        if let Err(error) = worker.await {
-            tracing::warn!(%error, "the manager's worker failed");
+        // The term ends when its writers have: no write of this term
+        // lands after it (nor after `Host::shutdown`).
+        for task in term_tasks {
+            if let Err(error) = task.await {
+                tracing::warn!(%error, "a task of the term failed");
+            }
         }
         tracing::info!("leadership term ended");
         if cancel.is_cancelled() {
@@ -434,8 +449,9 @@ async fn lead(shared: Arc<Shared>, mut leader: watch::Receiver<bool>, cancel: Ca
     }
 }
 
-/// Builds and starts the Manager of a new term; returns its worker.
-async fn start_term(shared: &Arc<Shared>, term: &CancellationToken) -> JoinHandle<()> {
+/// Builds and starts the Manager of a new term; returns its worker and
+/// its pool-status writer.
+async fn start_term(shared: &Arc<Shared>, term: &CancellationToken) -> [JoinHandle<()>; 2] {
     tracing::info!("leading: building the controller from the cache");
     let store: Arc<dyn Store> = Arc::new(shared.store.clone());
     let reporter = Reporter {
@@ -475,7 +491,7 @@ async fn start_term(shared: &Arc<Shared>, term: &CancellationToken) -> JoinHandl
 
     let shared = Arc::clone(shared);
     let term = term.clone();
-    tokio::spawn(async move {
+    let status = tokio::spawn(async move {
         tokio::select! {
             () = term.cancelled() => return,
             () = shared.synced.wait() => {}
@@ -502,7 +518,7 @@ async fn start_term(shared: &Arc<Shared>, term: &CancellationToken) -> JoinHandl
             .run(controller, shared.config.pool_status_period, term)
             .await;
     });
-    worker
+    [worker, status]
 }
 
 /// Hands every cached object to a new term's manager: namespaces by name,
