@@ -379,7 +379,8 @@ struct PoolState {
     auto: Option<AutoKey>,
     /// What it requires of a Service, if pinned and the rules tell
     /// (see [`Pool::guard`]).
-    guard: Option<BTreeSet<Fact>>,
+    /// Sorted, each fact once: a slice, as most guards hold one fact.
+    guard: Option<Box<[Fact]>>,
     /// Its rules, if it is pinned.
     rules: Option<Arc<Rules>>,
 }
@@ -394,7 +395,7 @@ impl PoolState {
         // A disabled pool is never a candidate (docs/cilium.md §2.5).
         let auto = (pool.auto_assign && !pool.disabled)
             .then(|| (!pool.is_pinned(), pool.priority_rank(), Arc::clone(&name)));
-        let guard = pool.guard();
+        let guard = pool.guard().map(|facts| facts.into_iter().collect());
         let rules = pool.rules().map(Arc::new);
         Self {
             pool,
@@ -1083,7 +1084,7 @@ impl Allocator {
             self.index.remove(&(range.family, range.first));
         }
         if let Some(key) = &state.auto {
-            let (guard, rules) = (state.guard.as_ref(), state.rules.as_ref());
+            let (guard, rules) = (state.guard.as_deref(), state.rules.as_ref());
             self.auto.all.remove(key, guard, rules);
             self.auto.open_both.remove(key, guard, rules);
             for family in FAMILIES {
@@ -1115,7 +1116,7 @@ impl Allocator {
             );
         }
         if let Some(key) = &state.auto {
-            let (guard, rules) = (state.guard.as_ref(), state.rules.as_ref());
+            let (guard, rules) = (state.guard.as_deref(), state.rules.as_ref());
             self.auto.all.insert(key, guard, rules);
             for family in FAMILIES {
                 if state.is_open(family) {
@@ -1147,7 +1148,7 @@ impl Allocator {
         let Some(key) = &state.auto else {
             return;
         };
-        let (guard, rules) = (state.guard.as_ref(), state.rules.as_ref());
+        let (guard, rules) = (state.guard.as_deref(), state.rules.as_ref());
         let (open, both) = (
             state.is_open(family),
             state.is_open(Family::V4) && state.is_open(Family::V6),

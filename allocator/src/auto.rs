@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::pinned::{Fact, Merge, PinnedIndex};
 use crate::pool::{Rules, Subject};
+use crate::sorted_set::{SetIter, SortedSet};
 
 type FastHash = foldhash::fast::RandomState;
 
@@ -30,7 +31,7 @@ type RulesKey = (AutoKey, Arc<Rules>);
 #[derive(Debug, Default)]
 pub(crate) struct AutoSet {
     /// Per rules, its pinned pools in the set.
-    pinned: HashMap<Arc<Rules>, BTreeSet<AutoKey>, FastHash>,
+    pinned: HashMap<Arc<Rules>, SortedSet<AutoKey>, FastHash>,
     /// Each rules with pools in the set, under its first pool, indexed by
     /// what it requires of a Service.
     index: PinnedIndex<RulesKey>,
@@ -46,7 +47,7 @@ impl AutoSet {
     pub(crate) fn insert(
         &mut self,
         key: &AutoKey,
-        guard: Option<&BTreeSet<Fact>>,
+        guard: Option<&[Fact]>,
         rules: Option<&Arc<Rules>>,
     ) {
         let Some(rules) = rules.filter(|_| !key.0) else {
@@ -71,7 +72,7 @@ impl AutoSet {
     pub(crate) fn remove(
         &mut self,
         key: &AutoKey,
-        guard: Option<&BTreeSet<Fact>>,
+        guard: Option<&[Fact]>,
         rules: Option<&Arc<Rules>>,
     ) {
         let Some(rules) = rules.filter(|_| !key.0) else {
@@ -105,7 +106,7 @@ impl AutoSet {
     pub(crate) fn set(
         &mut self,
         key: &AutoKey,
-        guard: Option<&BTreeSet<Fact>>,
+        guard: Option<&[Fact]>,
         rules: Option<&Arc<Rules>>,
         present: bool,
     ) {
@@ -171,7 +172,7 @@ impl AutoSet {
         steps: &Cell<u64>,
     ) -> Serving<'a> {
         let candidates = if every_pinned {
-            Merge::new(vec![self.index.all()])
+            Merge::new(vec![self.index.all().into()])
         } else {
             self.index.candidates(subject)
         };
@@ -189,7 +190,7 @@ impl AutoSet {
 /// See [`AutoSet::serving`].
 pub(crate) struct Serving<'a> {
     /// Each set of rules that serves, with its pools, by first pool.
-    rules: Vec<(&'a Arc<Rules>, &'a BTreeSet<AutoKey>)>,
+    rules: Vec<(&'a Arc<Rules>, &'a SortedSet<AutoKey>)>,
 }
 
 impl<'a> Serving<'a> {
@@ -199,7 +200,7 @@ impl<'a> Serving<'a> {
 
     /// The pools, in order.
     pub(crate) fn pools(&self) -> Merge<'a, AutoKey> {
-        Merge::new(self.rules.iter().map(|(_, pools)| *pools).collect())
+        Merge::new(self.rules.iter().map(|(_, pools)| pools.iter()).collect())
     }
 
     /// How many pools there are.
@@ -245,7 +246,7 @@ struct Grouped<'a> {
     /// with the set's place in `rest`.
     heads: BinaryHeap<Reverse<(&'a AutoKey, usize)>>,
     /// The pools after the head of each such set.
-    rest: Vec<btree_set::Iter<'a, AutoKey>>,
+    rest: Vec<SetIter<'a, AutoKey>>,
 }
 
 impl<'a> Grouped<'a> {

@@ -31,6 +31,7 @@ mod pool;
 mod rejected_ranges;
 mod request;
 mod selector;
+mod sorted_set;
 mod used;
 
 #[cfg(test)]

@@ -8,10 +8,11 @@
 //! Service visits it). A guard is necessary, not sufficient: the pools a
 //! Service visits must still be asked whether they serve it.
 
-use std::collections::{btree_set, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::iter::Peekable;
 
 use crate::pool::Subject;
+use crate::sorted_set::{SetIter, SortedSet};
 
 type FastHash = foldhash::fast::RandomState;
 
@@ -33,7 +34,7 @@ pub(crate) enum Fact {
 }
 
 /// Per label key and value, the pools needing it.
-type ByPair<K> = HashMap<String, HashMap<String, BTreeSet<K>, FastHash>, FastHash>;
+type ByPair<K> = HashMap<String, HashMap<String, SortedSet<K>, FastHash>, FastHash>;
 
 /// Pinned pools (by their sort key `K`) per fact they may require.
 #[derive(Debug)]
@@ -42,8 +43,8 @@ pub(crate) struct PinnedIndex<K> {
     all: BTreeSet<K>,
     /// Pools whose rules name no fact.
     unguarded: BTreeSet<K>,
-    namespaces: HashMap<String, BTreeSet<K>, FastHash>,
-    names: HashMap<String, BTreeSet<K>, FastHash>,
+    namespaces: HashMap<String, SortedSet<K>, FastHash>,
+    names: HashMap<String, SortedSet<K>, FastHash>,
     labels: ByPair<K>,
     namespace_labels: ByPair<K>,
     /// Per namespace, the pools needing a label of a Service there.
@@ -66,7 +67,7 @@ impl<K> Default for PinnedIndex<K> {
 
 impl<K: Ord + Clone> PinnedIndex<K> {
     /// Adds `key` under each fact of `guard` (under none: unguarded).
-    pub(crate) fn insert(&mut self, key: &K, guard: Option<&BTreeSet<Fact>>) {
+    pub(crate) fn insert(&mut self, key: &K, guard: Option<&[Fact]>) {
         if !self.all.insert(key.clone()) {
             return;
         }
@@ -89,7 +90,7 @@ impl<K: Ord + Clone> PinnedIndex<K> {
     }
 
     /// Takes `key` out; `guard` must be the one it was added with.
-    pub(crate) fn remove(&mut self, key: &K, guard: Option<&BTreeSet<Fact>>) {
+    pub(crate) fn remove(&mut self, key: &K, guard: Option<&[Fact]>) {
         if !self.all.remove(key) {
             return;
         }
@@ -126,9 +127,9 @@ impl<K: Ord + Clone> PinnedIndex<K> {
     /// Namespace labels); the pools come lazily, so a walk that stops
     /// early pays only for what it visited.
     pub(crate) fn candidates(&self, subject: &Subject<'_>) -> Merge<'_, K> {
-        let mut sets: Vec<&BTreeSet<K>> = vec![&self.unguarded];
-        sets.extend(self.namespaces.get(subject.namespace));
-        sets.extend(self.names.get(subject.name));
+        let mut sets: Vec<SetIter<'_, K>> = vec![(&self.unguarded).into()];
+        sets.extend(self.namespaces.get(subject.namespace).map(SortedSet::iter));
+        sets.extend(self.names.get(subject.name).map(SortedSet::iter));
         for (labels, index) in [
             (subject.labels, Some(&self.labels)),
             (
@@ -141,14 +142,19 @@ impl<K: Ord + Clone> PinnedIndex<K> {
                 continue;
             };
             for (k, v) in labels {
-                sets.extend(index.get(k).and_then(|values| values.get(v)));
+                sets.extend(
+                    index
+                        .get(k)
+                        .and_then(|values| values.get(v))
+                        .map(SortedSet::iter),
+                );
             }
         }
         Merge::new(sets)
     }
 }
 
-fn pair_entry<'a, K>(index: &'a mut ByPair<K>, key: &str, value: &str) -> &'a mut BTreeSet<K> {
+fn pair_entry<'a, K>(index: &'a mut ByPair<K>, key: &str, value: &str) -> &'a mut SortedSet<K> {
     index
         .entry(key.to_owned())
         .or_default()
@@ -156,7 +162,7 @@ fn pair_entry<'a, K>(index: &'a mut ByPair<K>, key: &str, value: &str) -> &'a mu
         .or_default()
 }
 
-fn remove_from<K: Ord>(index: &mut HashMap<String, BTreeSet<K>, FastHash>, fact: &str, key: &K) {
+fn remove_from<K: Ord>(index: &mut HashMap<String, SortedSet<K>, FastHash>, fact: &str, key: &K) {
     if let Some(set) = index.get_mut(fact) {
         set.remove(key);
         if set.is_empty() {
@@ -178,17 +184,17 @@ fn remove_pair<K: Ord>(index: &mut ByPair<K>, label: &str, value: &str, key: &K)
 /// Each step costs one comparison per set: a Service matches few facts.
 #[derive(Debug)]
 pub(crate) struct Merge<'a, K> {
-    heads: Vec<Peekable<btree_set::Iter<'a, K>>>,
+    heads: Vec<Peekable<SetIter<'a, K>>>,
     last: Option<&'a K>,
 }
 
 impl<'a, K: Ord> Merge<'a, K> {
-    pub(crate) fn new(sets: Vec<&'a BTreeSet<K>>) -> Self {
+    pub(crate) fn new(sets: Vec<SetIter<'a, K>>) -> Self {
         Merge {
             heads: sets
                 .into_iter()
-                .filter(|set| !set.is_empty())
-                .map(|set| set.iter().peekable())
+                .map(Iterator::peekable)
+                .filter_map(|mut set| set.peek().is_some().then_some(set))
                 .collect(),
             last: None,
         }
@@ -224,8 +230,10 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    fn facts(list: &[Fact]) -> BTreeSet<Fact> {
-        list.iter().cloned().collect()
+    /// A guard as a pool keeps it: sorted, each fact once.
+    fn facts(list: &[Fact]) -> Box<[Fact]> {
+        let set: BTreeSet<Fact> = list.iter().cloned().collect();
+        set.into_iter().collect()
     }
 
     fn ns(n: &str) -> Fact {
@@ -239,18 +247,18 @@ mod tests {
     #[test]
     fn a_service_visits_the_pools_of_its_facts_and_the_unguarded_in_order() {
         let mut index = PinnedIndex::default();
-        index.insert(&5, Some(&facts(&[ns("a"), label("app", "web")])));
-        index.insert(&1, Some(&facts(&[ns("b")])));
+        index.insert(&5, Some(&*facts(&[ns("a"), label("app", "web")])));
+        index.insert(&1, Some(&*facts(&[ns("b")])));
         index.insert(&3, None);
-        index.insert(&2, Some(&facts(&[Fact::Name("s".into())])));
+        index.insert(&2, Some(&*facts(&[Fact::Name("s".into())])));
         index.insert(
             &4,
-            Some(&facts(&[Fact::NamespaceLabel(
+            Some(&*facts(&[Fact::NamespaceLabel(
                 "tier".into(),
                 "gold".into(),
             )])),
         );
-        index.insert(&6, Some(&facts(&[label("app", "db")])));
+        index.insert(&6, Some(&*facts(&[label("app", "db")])));
         let labels: BTreeMap<String, String> = [("app".into(), "web".into())].into();
         let namespace_labels: BTreeMap<String, String> = [("tier".into(), "gold".into())].into();
         let subject = Subject {
@@ -262,22 +270,22 @@ mod tests {
         let got: Vec<i32> = index.candidates(&subject).copied().collect();
         // 5 once although under two of its facts.
         assert_eq!(got, [2, 3, 4, 5]);
-        index.remove(&5, Some(&facts(&[ns("a"), label("app", "web")])));
+        index.remove(&5, Some(&*facts(&[ns("a"), label("app", "web")])));
         index.remove(&3, None);
         let got: Vec<i32> = index.candidates(&subject).copied().collect();
         assert_eq!(got, [2, 4]);
         assert!(index.all().contains(&6) && !index.all().contains(&5));
         // Nothing is left behind once every pool is gone.
-        index.remove(&1, Some(&facts(&[ns("b")])));
-        index.remove(&2, Some(&facts(&[Fact::Name("s".into())])));
+        index.remove(&1, Some(&*facts(&[ns("b")])));
+        index.remove(&2, Some(&*facts(&[Fact::Name("s".into())])));
         index.remove(
             &4,
-            Some(&facts(&[Fact::NamespaceLabel(
+            Some(&*facts(&[Fact::NamespaceLabel(
                 "tier".into(),
                 "gold".into(),
             )])),
         );
-        index.remove(&6, Some(&facts(&[label("app", "db")])));
+        index.remove(&6, Some(&*facts(&[label("app", "db")])));
         assert!(index.all().is_empty());
         assert!(index.namespaces.is_empty() && index.names.is_empty());
         assert!(index.labels.is_empty() && index.namespace_labels.is_empty());
