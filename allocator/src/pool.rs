@@ -254,7 +254,9 @@ pub enum PoolError {
 pub struct ServiceAllocation {
     /// 1 is the highest; `None` (0 or unset) the lowest.
     pub priority: Option<u64>,
-    namespaces: BTreeSet<String>,
+    /// Sorted, each once: most pools list one namespace, and a slice of
+    /// one costs that one (a `BTreeSet` allocates a whole node).
+    namespaces: Box<[String]>,
     namespace_selectors: Vec<Selector>,
     service_selectors: Vec<Selector>,
 }
@@ -370,7 +372,10 @@ impl ServiceAllocation {
         let has_namespace_rule =
             !self.namespaces.is_empty() || !self.namespace_selectors.is_empty();
         !has_namespace_rule
-            || self.namespaces.contains(namespace)
+            || self
+                .namespaces
+                .binary_search_by(|listed| listed.as_str().cmp(namespace))
+                .is_ok()
             || self.namespace_selectors.iter().any(|s| s.matches(labels))
     }
 
@@ -887,7 +892,7 @@ fn parse_allocation(
     }
     Ok(ServiceAllocation {
         priority,
-        namespaces,
+        namespaces: namespaces.into_iter().collect(),
         namespace_selectors: parse_selectors("namespaceSelectors", &spec.namespace_selectors)?,
         service_selectors: parse_selectors("serviceSelectors", &spec.service_selectors)?,
     })
