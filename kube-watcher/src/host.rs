@@ -199,8 +199,12 @@ pub struct Host {
     leader: watch::Receiver<bool>,
     current: Arc<CurrentManager>,
     events: EventBacklog,
+    /// Stops the watches and the leader loop.
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// Stops the election (giving the Lease up), once the rest has.
+    election: CancellationToken,
+    elector: JoinHandle<()>,
 }
 
 impl std::fmt::Debug for Host {
@@ -233,7 +237,8 @@ impl Host {
         .counting(metrics.lease_errors());
         let leader = elector.subscribe();
         let gate = elector.gate();
-        tasks.push(tokio::spawn(elector.run(cancel.clone())));
+        let election = CancellationToken::new();
+        let elector = tokio::spawn(elector.run(election.clone()));
 
         let shared = Arc::new(Shared {
             client,
@@ -256,6 +261,8 @@ impl Host {
             events,
             cancel,
             tasks,
+            election,
+            elector,
         }
     }
 
@@ -298,9 +305,10 @@ impl Host {
         self.events.drained().await;
     }
 
-    /// Stops everything (a leader gives its Lease up) and waits for it,
-    /// Events on their way included (those not yet sent are dropped, the
-    /// gate being shut), for at most [`EVENT_DRAIN`].
+    /// Stops everything and waits for it. A leader gives its Lease up
+    /// last: after its term's writes and its queued Events (for at most
+    /// [`EVENT_DRAIN`]) have landed, so none lands once another replica
+    /// may lead.
     pub async fn shutdown(self) {
         self.cancel.cancel();
         for task in self.tasks {
@@ -312,7 +320,11 @@ impl Host {
             .await
             .is_err()
         {
-            tracing::warn!("an Event was still being sent at shutdown");
+            tracing::warn!("Events were still being sent at shutdown");
+        }
+        self.election.cancel();
+        if let Err(error) = self.elector.await {
+            tracing::warn!(%error, "the election failed");
         }
     }
 }

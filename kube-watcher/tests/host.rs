@@ -375,6 +375,17 @@ async fn only_the_leader_writes_and_a_new_leader_changes_no_address() {
     // pool-status flush (at most once a second) may still land.
     a.shutdown().await;
     let mark = stub.last_seq();
+    // a gave the Lease up last: after its every write, Events included.
+    let lease_writes_of_a = stub
+        .requests()
+        .into_iter()
+        .filter(|r| r.replica.as_deref() == Some("a") && r.is_write() && r.path.contains("/leases"))
+        .map(|r| r.seq);
+    let writes_of_a = object_writes(&stub, 0)
+        .into_iter()
+        .filter(|w| w.replica.as_deref() == Some("a"))
+        .map(|w| w.seq);
+    assert!(writes_of_a.max() < lease_writes_of_a.max());
     settled(&b).await;
     stub.delete(Kind::Service, "ns", "web");
     stub.create(service("ns", "late", "10.96.0.3"));
