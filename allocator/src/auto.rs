@@ -14,9 +14,9 @@ use std::collections::{btree_set, BTreeSet, BinaryHeap, HashMap};
 use std::iter::Peekable;
 use std::sync::Arc;
 
-use crate::pinned::{Fact, Merge, PinnedIndex};
+use crate::pinned::{Fact, Merge, PinnedIndex, SetIter};
 use crate::pool::{Rules, Subject};
-use crate::sorted_set::{SetIter, SortedSet};
+use crate::small_map::SmallSet;
 
 type FastHash = foldhash::fast::RandomState;
 
@@ -31,7 +31,7 @@ type RulesKey = (AutoKey, Arc<Rules>);
 #[derive(Debug, Default)]
 pub(crate) struct AutoSet {
     /// Per rules, its pinned pools in the set.
-    pinned: HashMap<Arc<Rules>, SortedSet<AutoKey>, FastHash>,
+    pinned: HashMap<Arc<Rules>, SmallSet<AutoKey>, FastHash>,
     /// Each rules with pools in the set, under its first pool, indexed by
     /// what it requires of a Service.
     index: PinnedIndex<RulesKey>,
@@ -58,8 +58,8 @@ impl AutoSet {
             return;
         }
         let pools = self.pinned.entry(Arc::clone(rules)).or_default();
-        let old_first = pools.first().cloned();
-        pools.insert(key.clone());
+        let old_first = pools.first_key().cloned();
+        pools.insert(key.clone(), ());
         if old_first.as_ref().is_none_or(|first| key < first) {
             if let Some(old) = old_first {
                 self.index.remove(&(old, Arc::clone(rules)), guard);
@@ -85,13 +85,13 @@ impl AutoSet {
         let Some(pools) = self.pinned.get_mut(rules) else {
             return;
         };
-        let was_first = pools.first() == Some(key);
+        let was_first = pools.first_key() == Some(key);
         pools.remove(key);
         if !was_first {
             return;
         }
         self.index.remove(&(key.clone(), Arc::clone(rules)), guard);
-        match pools.first() {
+        match pools.first_key() {
             Some(next) => {
                 let next = (next.clone(), Arc::clone(rules));
                 self.index.insert(&next, guard);
@@ -190,7 +190,7 @@ impl AutoSet {
 /// See [`AutoSet::serving`].
 pub(crate) struct Serving<'a> {
     /// Each set of rules that serves, with its pools, by first pool.
-    rules: Vec<(&'a Arc<Rules>, &'a SortedSet<AutoKey>)>,
+    rules: Vec<(&'a Arc<Rules>, &'a SmallSet<AutoKey>)>,
 }
 
 impl<'a> Serving<'a> {
@@ -200,7 +200,12 @@ impl<'a> Serving<'a> {
 
     /// The pools, in order.
     pub(crate) fn pools(&self) -> Merge<'a, AutoKey> {
-        Merge::new(self.rules.iter().map(|(_, pools)| pools.iter()).collect())
+        Merge::new(
+            self.rules
+                .iter()
+                .map(|(_, pools)| SetIter::from(*pools))
+                .collect(),
+        )
     }
 
     /// How many pools there are.
@@ -274,7 +279,7 @@ impl<'a> Grouped<'a> {
                     let Some(pools) = set.pinned.get(rules) else {
                         continue;
                     };
-                    let mut pools = pools.iter();
+                    let mut pools = SetIter::from(pools);
                     if let Some(head) = pools.next() {
                         self.heads.push(Reverse((head, self.rest.len())));
                         self.rest.push(pools);

@@ -15,6 +15,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 
 use crate::request::Port;
+use crate::small_map::SmallMap;
 
 /// An address's place in the search order: its entry's index in
 /// `spec.addresses`, then the address.
@@ -30,109 +31,6 @@ pub(crate) struct GroupIndex {
     members: BTreeMap<Rank, SmallMap<Port, u32>>,
     /// Per port: start → end of each run of members that have it.
     runs: HashMap<Port, SmallMap<Rank, Rank>, FastHash>,
-}
-
-/// An ordered map that keeps one entry inline. Most ports have one run and
-/// most members one port, and a `BTreeMap` of one entry allocates a whole
-/// node (~700 bytes for runs): a key over 100k Services, each on its own
-/// port, held 1.7 KB per Service instead of ~0.7 KB.
-#[derive(Debug, Default)]
-enum SmallMap<K, V> {
-    #[default]
-    Empty,
-    One(K, V),
-    Many(BTreeMap<K, V>),
-}
-
-impl<K: Ord + Clone, V> SmallMap<K, V> {
-    fn len(&self) -> usize {
-        match self {
-            SmallMap::Empty => 0,
-            SmallMap::One(..) => 1,
-            SmallMap::Many(map) => map.len(),
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        match self {
-            SmallMap::Empty => None,
-            SmallMap::One(k, v) => (k == key).then_some(v),
-            SmallMap::Many(map) => map.get_mut(key),
-        }
-    }
-
-    fn contains_key(&self, key: &K) -> bool {
-        match self {
-            SmallMap::Empty => false,
-            SmallMap::One(k, _) => k == key,
-            SmallMap::Many(map) => map.contains_key(key),
-        }
-    }
-
-    fn keys(&self) -> impl Iterator<Item = &K> {
-        let (one, many) = match self {
-            SmallMap::Empty => (None, None),
-            SmallMap::One(k, _) => (Some(k), None),
-            SmallMap::Many(map) => (None, Some(map.keys())),
-        };
-        one.into_iter().chain(many.into_iter().flatten())
-    }
-
-    /// The entry of the greatest key at or below `key`.
-    fn last_at_or_below(&self, key: &K) -> Option<(&K, &V)> {
-        match self {
-            SmallMap::Empty => None,
-            SmallMap::One(k, v) => (k <= key).then_some((k, v)),
-            SmallMap::Many(map) => map.range(..=key.clone()).next_back(),
-        }
-    }
-
-    fn last_at_or_below_mut(&mut self, key: &K) -> Option<(&K, &mut V)> {
-        match self {
-            SmallMap::Empty => None,
-            SmallMap::One(k, v) => (&*k <= key).then_some((&*k, v)),
-            SmallMap::Many(map) => map.range_mut(..=key.clone()).next_back(),
-        }
-    }
-
-    fn insert(&mut self, key: K, value: V) {
-        *self = match std::mem::take(self) {
-            SmallMap::Empty => SmallMap::One(key, value),
-            SmallMap::One(k, _) if k == key => SmallMap::One(k, value),
-            SmallMap::One(k, v) => SmallMap::Many(BTreeMap::from([(k, v), (key, value)])),
-            SmallMap::Many(mut map) => {
-                map.insert(key, value);
-                SmallMap::Many(map)
-            }
-        };
-    }
-
-    fn remove(&mut self, key: &K) -> Option<V> {
-        match std::mem::take(self) {
-            SmallMap::Empty => None,
-            SmallMap::One(k, v) if &k == key => Some(v),
-            one @ SmallMap::One(..) => {
-                *self = one;
-                None
-            }
-            SmallMap::Many(mut map) => {
-                let removed = map.remove(key);
-                *self = if map.len() == 1 {
-                    match map.pop_first() {
-                        Some((k, v)) => SmallMap::One(k, v),
-                        None => SmallMap::Empty,
-                    }
-                } else {
-                    SmallMap::Many(map)
-                };
-                removed
-            }
-        }
-    }
 }
 
 impl<K: Ord + Clone> SmallMap<K, u32> {

@@ -31,7 +31,7 @@ mod pool;
 mod rejected_ranges;
 mod request;
 mod selector;
-mod sorted_set;
+mod small_map;
 mod used;
 
 #[cfg(test)]

@@ -8,11 +8,11 @@
 //! Service visits it). A guard is necessary, not sufficient: the pools a
 //! Service visits must still be asked whether they serve it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{btree_set, BTreeSet, HashMap};
 use std::iter::Peekable;
 
 use crate::pool::Subject;
-use crate::sorted_set::{SetIter, SortedSet};
+use crate::small_map::{Keys, SmallSet};
 
 type FastHash = foldhash::fast::RandomState;
 
@@ -34,7 +34,7 @@ pub(crate) enum Fact {
 }
 
 /// Per label key and value, the pools needing it.
-type ByPair<K> = HashMap<String, HashMap<String, SortedSet<K>, FastHash>, FastHash>;
+type ByPair<K> = HashMap<String, HashMap<String, SmallSet<K>, FastHash>, FastHash>;
 
 /// Pinned pools (by their sort key `K`) per fact they may require.
 #[derive(Debug)]
@@ -43,8 +43,8 @@ pub(crate) struct PinnedIndex<K> {
     all: BTreeSet<K>,
     /// Pools whose rules name no fact.
     unguarded: BTreeSet<K>,
-    namespaces: HashMap<String, SortedSet<K>, FastHash>,
-    names: HashMap<String, SortedSet<K>, FastHash>,
+    namespaces: HashMap<String, SmallSet<K>, FastHash>,
+    names: HashMap<String, SmallSet<K>, FastHash>,
     labels: ByPair<K>,
     namespace_labels: ByPair<K>,
     /// Per namespace, the pools needing a label of a Service there.
@@ -85,7 +85,7 @@ impl<K: Ord + Clone> PinnedIndex<K> {
                     pair_entry(self.namespaced_labels.entry(n.clone()).or_default(), k, v)
                 }
             };
-            set.insert(key.clone());
+            set.insert(key.clone(), ());
         }
     }
 
@@ -128,8 +128,8 @@ impl<K: Ord + Clone> PinnedIndex<K> {
     /// early pays only for what it visited.
     pub(crate) fn candidates(&self, subject: &Subject<'_>) -> Merge<'_, K> {
         let mut sets: Vec<SetIter<'_, K>> = vec![(&self.unguarded).into()];
-        sets.extend(self.namespaces.get(subject.namespace).map(SortedSet::iter));
-        sets.extend(self.names.get(subject.name).map(SortedSet::iter));
+        sets.extend(self.namespaces.get(subject.namespace).map(SetIter::from));
+        sets.extend(self.names.get(subject.name).map(SetIter::from));
         for (labels, index) in [
             (subject.labels, Some(&self.labels)),
             (
@@ -146,7 +146,7 @@ impl<K: Ord + Clone> PinnedIndex<K> {
                     index
                         .get(k)
                         .and_then(|values| values.get(v))
-                        .map(SortedSet::iter),
+                        .map(SetIter::from),
                 );
             }
         }
@@ -154,7 +154,7 @@ impl<K: Ord + Clone> PinnedIndex<K> {
     }
 }
 
-fn pair_entry<'a, K>(index: &'a mut ByPair<K>, key: &str, value: &str) -> &'a mut SortedSet<K> {
+fn pair_entry<'a, K>(index: &'a mut ByPair<K>, key: &str, value: &str) -> &'a mut SmallSet<K> {
     index
         .entry(key.to_owned())
         .or_default()
@@ -162,7 +162,11 @@ fn pair_entry<'a, K>(index: &'a mut ByPair<K>, key: &str, value: &str) -> &'a mu
         .or_default()
 }
 
-fn remove_from<K: Ord>(index: &mut HashMap<String, SortedSet<K>, FastHash>, fact: &str, key: &K) {
+fn remove_from<K: Ord + Clone>(
+    index: &mut HashMap<String, SmallSet<K>, FastHash>,
+    fact: &str,
+    key: &K,
+) {
     if let Some(set) = index.get_mut(fact) {
         set.remove(key);
         if set.is_empty() {
@@ -171,11 +175,41 @@ fn remove_from<K: Ord>(index: &mut HashMap<String, SortedSet<K>, FastHash>, fact
     }
 }
 
-fn remove_pair<K: Ord>(index: &mut ByPair<K>, label: &str, value: &str, key: &K) {
+fn remove_pair<K: Ord + Clone>(index: &mut ByPair<K>, label: &str, value: &str, key: &K) {
     if let Some(values) = index.get_mut(label) {
         remove_from(values, value, key);
         if values.is_empty() {
             index.remove(label);
+        }
+    }
+}
+
+/// The elements of a [`SmallSet`] or of a `BTreeSet`, lowest first.
+#[derive(Debug, Clone)]
+pub(crate) enum SetIter<'a, K> {
+    Small(Keys<'a, K, ()>),
+    Large(btree_set::Iter<'a, K>),
+}
+
+impl<'a, K: Ord + Clone> From<&'a SmallSet<K>> for SetIter<'a, K> {
+    fn from(set: &'a SmallSet<K>) -> Self {
+        SetIter::Small(set.keys())
+    }
+}
+
+impl<'a, K> From<&'a BTreeSet<K>> for SetIter<'a, K> {
+    fn from(set: &'a BTreeSet<K>) -> Self {
+        SetIter::Large(set.iter())
+    }
+}
+
+impl<'a, K> Iterator for SetIter<'a, K> {
+    type Item = &'a K;
+
+    fn next(&mut self) -> Option<&'a K> {
+        match self {
+            SetIter::Small(keys) => keys.next(),
+            SetIter::Large(iter) => iter.next(),
         }
     }
 }
