@@ -1,6 +1,7 @@
 //! The ranges of rejected pool objects, by first address: finding the
-//! rejected pools a range overlaps (docs/allocation.md §4.1) looks at
-//! those near it, not at every rejected pool.
+//! rejected pools a range overlaps (the overlap rule of docs/allocation.md
+//! §3.1, at the cost of §4.9) looks at those near it, not at every
+//! rejected pool.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

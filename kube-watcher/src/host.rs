@@ -43,12 +43,12 @@ use crate::retry::{with_backoff, WatchBackoff};
 use crate::store::KubeStore;
 use crate::watch::{creation_order, Converting, Driver, SyncTracker};
 
+/// How long [`Host::shutdown`] waits for the Events still queued.
+const EVENT_DRAIN: Duration = Duration::from_secs(5);
+
 /// The kinds whose initial list must complete before the manager is synced.
 /// `CiliumLoadBalancerIPPool` counts as listed at once when discovery finds
 /// its CRD not served (see [`crate::cilium`]).
-/// How long [`Host::shutdown`] waits for an Event already being sent.
-const EVENT_DRAIN: Duration = Duration::from_secs(5);
-
 pub(crate) const KINDS: [&str; 4] = ["Namespace", "IPAddressPool", cilium::KIND, "Service"];
 
 /// How a [`Host`] runs.
