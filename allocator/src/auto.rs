@@ -14,9 +14,9 @@ use std::collections::{btree_set, BTreeSet, BinaryHeap, HashMap};
 use std::iter::Peekable;
 use std::sync::Arc;
 
-use crate::pinned::{Fact, Merge, PinnedIndex, SetIter};
+use crate::pinned::{Fact, Merge, PinnedIndex};
 use crate::pool::{Rules, Subject};
-use crate::small_map::SmallSet;
+use crate::small_map::{Keys, SmallSet};
 
 type FastHash = foldhash::fast::RandomState;
 
@@ -172,7 +172,7 @@ impl AutoSet {
         steps: &Cell<u64>,
     ) -> Serving<'a> {
         let candidates = if every_pinned {
-            Merge::new(vec![self.index.all().into()])
+            Merge::new(vec![self.index.all().keys()])
         } else {
             self.index.candidates(subject)
         };
@@ -200,12 +200,7 @@ impl<'a> Serving<'a> {
 
     /// The pools, in order.
     pub(crate) fn pools(&self) -> Merge<'a, AutoKey> {
-        Merge::new(
-            self.rules
-                .iter()
-                .map(|(_, pools)| SetIter::from(*pools))
-                .collect(),
-        )
+        Merge::new(self.rules.iter().map(|(_, pools)| pools.keys()).collect())
     }
 
     /// How many pools there are.
@@ -251,7 +246,7 @@ struct Grouped<'a> {
     /// with the set's place in `rest`.
     heads: BinaryHeap<Reverse<(&'a AutoKey, usize)>>,
     /// The pools after the head of each such set.
-    rest: Vec<SetIter<'a, AutoKey>>,
+    rest: Vec<Keys<'a, AutoKey, ()>>,
 }
 
 impl<'a> Grouped<'a> {
@@ -279,7 +274,7 @@ impl<'a> Grouped<'a> {
                     let Some(pools) = set.pinned.get(rules) else {
                         continue;
                     };
-                    let mut pools = SetIter::from(pools);
+                    let mut pools = pools.keys();
                     if let Some(head) = pools.next() {
                         self.heads.push(Reverse((head, self.rest.len())));
                         self.rest.push(pools);

@@ -8,7 +8,7 @@
 //! Service visits it). A guard is necessary, not sufficient: the pools a
 //! Service visits must still be asked whether they serve it.
 
-use std::collections::{btree_set, BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::iter::Peekable;
 
 use crate::pool::Subject;
@@ -40,9 +40,9 @@ type ByPair<K> = HashMap<String, HashMap<String, SmallSet<K>, FastHash>, FastHas
 #[derive(Debug)]
 pub(crate) struct PinnedIndex<K> {
     /// Every pool in the index, guarded or not.
-    all: BTreeSet<K>,
+    all: SmallSet<K>,
     /// Pools whose rules name no fact.
-    unguarded: BTreeSet<K>,
+    unguarded: SmallSet<K>,
     namespaces: HashMap<String, SmallSet<K>, FastHash>,
     names: HashMap<String, SmallSet<K>, FastHash>,
     labels: ByPair<K>,
@@ -54,8 +54,8 @@ pub(crate) struct PinnedIndex<K> {
 impl<K> Default for PinnedIndex<K> {
     fn default() -> Self {
         PinnedIndex {
-            all: BTreeSet::new(),
-            unguarded: BTreeSet::new(),
+            all: SmallSet::default(),
+            unguarded: SmallSet::default(),
             namespaces: HashMap::default(),
             names: HashMap::default(),
             labels: HashMap::default(),
@@ -68,11 +68,12 @@ impl<K> Default for PinnedIndex<K> {
 impl<K: Ord + Clone> PinnedIndex<K> {
     /// Adds `key` under each fact of `guard` (under none: unguarded).
     pub(crate) fn insert(&mut self, key: &K, guard: Option<&[Fact]>) {
-        if !self.all.insert(key.clone()) {
+        if self.all.contains_key(key) {
             return;
         }
+        self.all.insert(key.clone(), ());
         let Some(facts) = guard else {
-            self.unguarded.insert(key.clone());
+            self.unguarded.insert(key.clone(), ());
             return;
         };
         for fact in facts {
@@ -91,7 +92,7 @@ impl<K: Ord + Clone> PinnedIndex<K> {
 
     /// Takes `key` out; `guard` must be the one it was added with.
     pub(crate) fn remove(&mut self, key: &K, guard: Option<&[Fact]>) {
-        if !self.all.remove(key) {
+        if self.all.remove(key).is_none() {
             return;
         }
         let Some(facts) = guard else {
@@ -117,7 +118,7 @@ impl<K: Ord + Clone> PinnedIndex<K> {
     }
 
     /// Every pool in the index, in order.
-    pub(crate) fn all(&self) -> &BTreeSet<K> {
+    pub(crate) fn all(&self) -> &SmallSet<K> {
         &self.all
     }
 
@@ -127,9 +128,9 @@ impl<K: Ord + Clone> PinnedIndex<K> {
     /// Namespace labels); the pools come lazily, so a walk that stops
     /// early pays only for what it visited.
     pub(crate) fn candidates(&self, subject: &Subject<'_>) -> Merge<'_, K> {
-        let mut sets: Vec<SetIter<'_, K>> = vec![(&self.unguarded).into()];
-        sets.extend(self.namespaces.get(subject.namespace).map(SetIter::from));
-        sets.extend(self.names.get(subject.name).map(SetIter::from));
+        let mut sets = vec![self.unguarded.keys()];
+        sets.extend(self.namespaces.get(subject.namespace).map(SmallSet::keys));
+        sets.extend(self.names.get(subject.name).map(SmallSet::keys));
         for (labels, index) in [
             (subject.labels, Some(&self.labels)),
             (
@@ -146,7 +147,7 @@ impl<K: Ord + Clone> PinnedIndex<K> {
                     index
                         .get(k)
                         .and_then(|values| values.get(v))
-                        .map(SetIter::from),
+                        .map(SmallSet::keys),
                 );
             }
         }
@@ -184,46 +185,16 @@ fn remove_pair<K: Ord + Clone>(index: &mut ByPair<K>, label: &str, value: &str, 
     }
 }
 
-/// The elements of a [`SmallSet`] or of a `BTreeSet`, lowest first.
-#[derive(Debug, Clone)]
-pub(crate) enum SetIter<'a, K> {
-    Small(Keys<'a, K, ()>),
-    Large(btree_set::Iter<'a, K>),
-}
-
-impl<'a, K: Ord + Clone> From<&'a SmallSet<K>> for SetIter<'a, K> {
-    fn from(set: &'a SmallSet<K>) -> Self {
-        SetIter::Small(set.keys())
-    }
-}
-
-impl<'a, K> From<&'a BTreeSet<K>> for SetIter<'a, K> {
-    fn from(set: &'a BTreeSet<K>) -> Self {
-        SetIter::Large(set.iter())
-    }
-}
-
-impl<'a, K> Iterator for SetIter<'a, K> {
-    type Item = &'a K;
-
-    fn next(&mut self) -> Option<&'a K> {
-        match self {
-            SetIter::Small(keys) => keys.next(),
-            SetIter::Large(iter) => iter.next(),
-        }
-    }
-}
-
 /// Sorted sets merged lazily into one sorted sequence without repeats.
 /// Each step costs one comparison per set: a Service matches few facts.
 #[derive(Debug)]
 pub(crate) struct Merge<'a, K> {
-    heads: Vec<Peekable<SetIter<'a, K>>>,
+    heads: Vec<Peekable<Keys<'a, K, ()>>>,
     last: Option<&'a K>,
 }
 
 impl<'a, K: Ord> Merge<'a, K> {
-    pub(crate) fn new(sets: Vec<SetIter<'a, K>>) -> Self {
+    pub(crate) fn new(sets: Vec<Keys<'a, K, ()>>) -> Self {
         Merge {
             heads: sets
                 .into_iter()
@@ -262,7 +233,7 @@ impl<'a, K: Ord> Iterator for Merge<'a, K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
 
     /// A guard as a pool keeps it: sorted, each fact once.
     fn facts(list: &[Fact]) -> Box<[Fact]> {
@@ -308,7 +279,7 @@ mod tests {
         index.remove(&3, None);
         let got: Vec<i32> = index.candidates(&subject).copied().collect();
         assert_eq!(got, [2, 4]);
-        assert!(index.all().contains(&6) && !index.all().contains(&5));
+        assert!(index.all().contains_key(&6) && !index.all().contains_key(&5));
         // Nothing is left behind once every pool is gone.
         index.remove(&1, Some(&*facts(&[ns("b")])));
         index.remove(&2, Some(&*facts(&[Fact::Name("s".into())])));
