@@ -95,49 +95,42 @@ pub(crate) struct ReplayCache {
     objects: DashMapStore,
 }
 
-/// How many Services [`ReplayStore::for_each_service`] builds under one
-/// lock of the store.
-const BUILT_AT_ONCE: usize = 256;
-
-/// Every Service key, copied into one buffer and sorted. Sorting 100k
-/// `String`s chases a pointer per comparison into keys spread over the
-/// heap; here most comparisons end on the first 16 bytes, kept inline.
-struct SortedKeys {
-    text: String,
-    /// (the key's first 16 bytes as a big-endian number, zero-padded;
-    /// where it starts in `text`; its length), in key order.
-    order: Vec<(u128, usize, usize)>,
+/// Where [`SortedKeys`] finds a Service.
+#[derive(Clone, Copy)]
+enum Stored<'a> {
+    Record(&'a [u8]),
+    Whole(&'a Arc<Service>),
 }
 
-impl SortedKeys {
-    fn of(services: &Services) -> Self {
-        let keys = services.compact.keys().chain(services.whole.keys());
-        let mut text = String::new();
-        let mut order = Vec::with_capacity(services.len());
-        for key in keys {
-            let mut prefix = [0u8; 16];
-            for (to, from) in prefix.iter_mut().zip(key.bytes()) {
-                *to = from;
-            }
-            order.push((u128::from_be_bytes(prefix), text.len(), key.len()));
-            text.push_str(key);
-        }
+/// Every Service key in order, each with where its Service is, so that a
+/// walk in key order reads each without a lookup (at 100k Services a
+/// lookup in key order is a cache miss). Sorting 100k `str`s chases a
+/// pointer per comparison into keys spread over the heap; here most
+/// comparisons end on the first 16 bytes, kept inline.
+struct SortedKeys<'a> {
+    /// (the key's first 16 bytes as a big-endian number, zero-padded; the
+    /// key; its Service), in key order.
+    order: Vec<(u128, &'a str, Stored<'a>)>,
+}
+
+impl<'a> SortedKeys<'a> {
+    fn of(services: &'a Services) -> Self {
+        let records = (services.compact.iter()).map(|(key, record)| (key, Stored::Record(record)));
+        let whole = (services.whole.iter()).map(|(key, service)| (key, Stored::Whole(service)));
+        let mut order: Vec<_> = records
+            .chain(whole)
+            .map(|(key, stored)| {
+                let mut prefix = [0u8; 16];
+                for (to, from) in prefix.iter_mut().zip(key.bytes()) {
+                    *to = from;
+                }
+                (u128::from_be_bytes(prefix), &**key, stored)
+            })
+            .collect();
         // Equal prefixes (or a key with a NUL where another ends) fall back
         // to the whole keys, so the order is exactly that of the strings.
-        order.sort_unstable_by(|a, b| {
-            a.0.cmp(&b.0)
-                .then_with(|| Self::text_of(&text, a).cmp(Self::text_of(&text, b)))
-        });
-        SortedKeys { text, order }
-    }
-
-    fn text_of<'a>(text: &'a str, &(_, start, len): &(u128, usize, usize)) -> &'a str {
-        text.get(start..start.saturating_add(len))
-            .unwrap_or_default()
-    }
-
-    fn key(&self, span: &(u128, usize, usize)) -> &str {
-        Self::text_of(&self.text, span)
+        order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+        SortedKeys { order }
     }
 }
 
@@ -235,17 +228,6 @@ impl Services {
         self.compact.len() + self.whole.len()
     }
 
-    /// [`Services::get`], leaving the hot Services as they are.
-    fn peek(&self, key: &str) -> Option<Arc<Service>> {
-        if let Some(service) = self.hot.get(key) {
-            return Some(service);
-        }
-        match self.compact.get(key) {
-            Some(record) => Some(Arc::new(compact::decode(record, key, &self.symbols))),
-            None => self.whole.get(key).cloned(),
-        }
-    }
-
     /// Stores `service` under `key`, replacing what was there; its record
     /// is made when it leaves the hot Services.
     fn insert(&mut self, key: &str, service: &Arc<Service>) {
@@ -307,16 +289,25 @@ impl Services {
         }
     }
 
+    /// Every Service, sorted by key, each built as it is reached.
+    fn sorted(&self) -> impl Iterator<Item = (&str, Arc<Service>)> {
+        SortedKeys::of(self)
+            .order
+            .into_iter()
+            .map(|(_, key, stored)| {
+                let service = self.hot.get(key).unwrap_or_else(|| match stored {
+                    Stored::Record(record) => Arc::new(compact::decode(record, key, &self.symbols)),
+                    Stored::Whole(service) => Arc::clone(service),
+                });
+                (key, service)
+            })
+    }
+
     /// Every Service, sorted by key.
     fn all(&self) -> Vec<(String, Arc<Service>)> {
-        let mut services: Vec<_> = self
-            .compact
-            .keys()
-            .chain(self.whole.keys())
-            .filter_map(|key| Some((key.to_string(), self.peek(key)?)))
-            .collect();
-        services.sort_by(|a, b| a.0.cmp(&b.0));
-        services
+        self.sorted()
+            .map(|(key, service)| (key.to_owned(), service))
+            .collect()
     }
 }
 
@@ -409,25 +400,13 @@ impl ReplayStore {
         self.cache.services().all()
     }
 
-    /// Calls `each` with every Service, sorted by key, built a few at a
-    /// time (a cluster's worth of built Services takes ten times the
-    /// store's memory). `each` may read the store.
-    pub fn for_each_service(&self, mut each: impl FnMut(&str, &Service)) {
-        let keys = SortedKeys::of(&self.cache.services());
-        for chunk in keys.order.chunks(BUILT_AT_ONCE) {
-            let built: Vec<(&str, Arc<Service>)> = {
-                let services = self.cache.services();
-                chunk
-                    .iter()
-                    .filter_map(|span| {
-                        let key = keys.key(span);
-                        services.peek(key).map(|service| (key, service))
-                    })
-                    .collect()
-            };
-            for (key, service) in &built {
-                each(key, service);
-            }
+    /// Calls `each` with every Service, sorted by key, each built as it is
+    /// reached (a cluster's worth of built Services takes ten times the
+    /// store's memory). The store stays locked: `each` must not read it.
+    pub(crate) fn for_each_service(&self, mut each: impl FnMut(&str, &Service)) {
+        let services = self.cache.services();
+        for (key, service) in services.sorted() {
+            each(key, &service);
         }
     }
 
@@ -1160,7 +1139,7 @@ mod tests {
             .whole
             .insert("namespace-long/a-very-long".into(), Arc::default());
         let sorted = SortedKeys::of(&services);
-        let got: Vec<&str> = sorted.order.iter().map(|span| sorted.key(span)).collect();
+        let got: Vec<&str> = sorted.order.iter().map(|&(_, key, _)| key).collect();
         let mut expected: Vec<&str> = keys.to_vec();
         expected.push("namespace-long/a-very-long");
         expected.sort_unstable();

@@ -294,9 +294,9 @@ struct FinalState {
 
 impl fake_watcher::Observer for FinalState {
     fn finished(&mut self, plugin: &fake_watcher::Plugin) {
-        plugin.store.for_each_service(|_, service| {
-            self.services.push(serde_json::to_value(service).unwrap());
-        });
+        for (_, service) in plugin.store.services() {
+            self.services.push(serde_json::to_value(&*service).unwrap());
+        }
         for pool in plugin.store.cilium_pools() {
             let mut object = serde_json::to_value(&*pool).unwrap();
             object["apiVersion"] = "cilium.io/v2".into();
