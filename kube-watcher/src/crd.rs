@@ -56,8 +56,9 @@ pub struct PoolSpec {
 
 // MetalLB v0.15's status fields, and our `Accepted` condition (a cluster
 // with MetalLB's own CRD prunes `conditions`: its schema has no such field).
+// Read leniently (see the `Deserialize` impl below).
 /// The observed state of an IPAddressPool.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct IPAddressPoolStatus {
     /// The number of assigned IPv4 addresses.
     #[serde(rename = "assignedIPv4")]
@@ -76,6 +77,43 @@ pub struct IPAddressPoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Option<Vec<PoolCondition>>,
+}
+
+/// A counter the API server pruned reads as 0: MetalLB v0.13 and v0.14's
+/// CRD declares `status` with no fields, so on a cluster that keeps it every
+/// counter we write is dropped, and a pool whose `status` is `{}` must still
+/// decode (or its watch events, and every list of pools, would fail). The
+/// generated schema still requires the counters: this is about reading only.
+impl<'de> Deserialize<'de> for IPAddressPoolStatus {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Lenient {
+            #[serde(default, rename = "assignedIPv4")]
+            assigned_ipv4: i64,
+            #[serde(default, rename = "assignedIPv6")]
+            assigned_ipv6: i64,
+            #[serde(default, rename = "availableIPv4")]
+            available_ipv4: i64,
+            #[serde(default, rename = "availableIPv6")]
+            available_ipv6: i64,
+            #[serde(default)]
+            conditions: Option<Vec<PoolCondition>>,
+        }
+        let Lenient {
+            assigned_ipv4,
+            assigned_ipv6,
+            available_ipv4,
+            available_ipv6,
+            conditions,
+        } = Lenient::deserialize(deserializer)?;
+        Ok(Self {
+            assigned_ipv4,
+            assigned_ipv6,
+            available_ipv4,
+            available_ipv6,
+            conditions,
+        })
+    }
 }
 
 /// One condition of a pool, as Kubernetes conditions are written.
@@ -172,6 +210,29 @@ mod tests {
         assert_eq!(back["apiVersion"], "metallb.io/v1beta1");
         assert_eq!(back["kind"], "IPAddressPool");
         assert_eq!(back["spec"]["avoidBuggyIPs"], true);
+    }
+
+    #[test]
+    fn a_status_pruned_by_an_older_metallb_crd_still_decodes() {
+        // MetalLB v0.13/v0.14's CRD has `status: {type: object}` and no
+        // fields: the API server prunes every counter we write.
+        let pool: IPAddressPoolResource = serde_json::from_value(json!({
+            "apiVersion": "metallb.io/v1beta1",
+            "kind": "IPAddressPool",
+            "metadata": {"name": "p", "namespace": "metallb-system"},
+            "spec": {"addresses": ["10.0.0.0/24"]},
+            "status": {}
+        }))
+        .unwrap();
+        assert_eq!(pool.status, Some(IPAddressPoolStatus::default()));
+        let partial: IPAddressPoolStatus =
+            serde_json::from_value(json!({"availableIPv4": 7})).unwrap();
+        assert_eq!(partial.available_ipv4, 7);
+        assert_eq!(partial.assigned_ipv4, 0);
+        // A wrong type is still an error, not a zero.
+        assert!(
+            serde_json::from_value::<IPAddressPoolStatus>(json!({"assignedIPv4": "x"})).is_err()
+        );
     }
 
     #[test]
