@@ -154,7 +154,14 @@ pub(crate) fn service_status_patch(
         .filter_map(|(type_, change)| match change {
             ConditionChange::Keep => None,
             ConditionChange::Set(condition) => {
-                Some(serde_json::to_value(condition).unwrap_or(Value::Null))
+                let mut value = serde_json::to_value(condition).unwrap_or(Value::Null);
+                // A real Service has no `metadata.generation`, so ours has no
+                // observedGeneration; a merge patch keeps a field it is not
+                // given, so one another writer left is removed by name.
+                if let (None, Value::Object(fields)) = (condition.observed_generation, &mut value) {
+                    fields.insert("observedGeneration".to_owned(), Value::Null);
+                }
+                Some(value)
             }
             ConditionChange::Remove => Some(json!({"type": type_, "$patch": "delete"})),
         })
@@ -561,6 +568,43 @@ mod tests {
             message: format!("{reason}!"),
             observed_generation: Some(2),
         }
+    }
+
+    #[test]
+    fn a_condition_without_a_generation_removes_the_stored_one() {
+        // A real Service has no metadata.generation; a stored condition may
+        // still carry an observedGeneration another writer left.
+        let service = showing(json!([
+            {"type": CONDITION_TYPE, "status": "True", "reason": "Assigned",
+             "message": "Assigned!", "observedGeneration": 3,
+             "lastTransitionTime": "2025-01-01T00:00:00Z"}
+        ]));
+        let wanted = ServiceCondition {
+            observed_generation: None,
+            ..condition(true, "Assigned")
+        };
+        assert!(!wanted.is_shown(&service));
+        let now = time("2026-01-02T00:00:00Z");
+        let change = condition_change(Some(&service), ConditionKind::Assigned, Some(&wanted), &now);
+        let patch = status_patch(None, &change);
+        assert_eq!(
+            patch["status"]["conditions"][0]["observedGeneration"],
+            Value::Null
+        );
+        assert!(patch["status"]["conditions"][0]
+            .as_object()
+            .unwrap()
+            .contains_key("observedGeneration"));
+        // With a generation, it is written as usual.
+        let ConditionChange::Set(set) = condition_change(
+            Some(&service),
+            ConditionKind::Assigned,
+            Some(&condition(true, "Assigned")),
+            &now,
+        ) else {
+            panic!("a write")
+        };
+        assert_eq!(set.observed_generation, Some(2));
     }
 
     #[test]

@@ -98,7 +98,7 @@ async fn the_condition_merges_on_type_and_leaves_with_the_service() {
             "loadBalancer": {"ingress": [{"ip": "192.168.10.0"}]},
             "conditions": [{"type": OURS, "status": "True", "reason": "Assigned",
                             "message": "Assigned IP [\"192.168.10.0\"]",
-                            "observedGeneration": 1, "lastTransitionTime": transition}]
+                            "observedGeneration": null, "lastTransitionTime": transition}]
         }})
     );
     // Theirs kept, in place.

@@ -92,7 +92,9 @@ async fn allocates_with_merge_patches_events_and_pool_status() {
                     "conditions": [{
                         "type": "metallb.io/AddressAssigned", "status": "True",
                         "reason": "Assigned", "message": "Assigned IP [\"192.168.10.0\"]",
-                        "observedGeneration": 1, "lastTransitionTime": transition
+                        // A Service has no generation: none observed,
+                        // and any another writer left is removed.
+                        "observedGeneration": null, "lastTransitionTime": transition
                     }]
                 }}),
             ),

@@ -198,7 +198,10 @@ impl State {
             metadata
                 .entry("uid")
                 .or_insert_with(|| json!(format!("uid-{created}")));
-            if matches!(kind, Kind::Service | Kind::Pool | Kind::CiliumPool) {
+            // Custom resources have a generation; a Service has none (its
+            // registry strategy never sets one), so its conditions carry no
+            // observedGeneration.
+            if matches!(kind, Kind::Pool | Kind::CiliumPool) {
                 metadata.entry("generation").or_insert(json!(1));
             }
             metadata.entry("creationTimestamp").or_insert_with(|| {
@@ -959,8 +962,9 @@ impl Server {
                     }
                     (_, other) => other,
                 };
-                // A spec change is a new generation.
-                if !sub && patch.get("spec").is_some() {
+                // A spec change is a new generation (of a kind that has one).
+                if !sub && patch.get("spec").is_some() && object["metadata"]["generation"].is_i64()
+                {
                     let generation = object["metadata"]["generation"].as_i64().unwrap_or(0);
                     object["metadata"]["generation"] = json!(generation + 1);
                 }
