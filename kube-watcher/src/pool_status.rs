@@ -581,7 +581,10 @@ impl PoolStatusWriter {
             let event = KubeEvent {
                 type_: EventType::Warning,
                 reason: event_reason.to_owned(),
-                note: Some(format!("pool {:?} is not used: {reason}", id.1)),
+                note: Some(manager::capped_note(format!(
+                    "pool {:?} is not used: {reason}",
+                    id.1
+                ))),
                 action: EVENT_ACTION.to_owned(),
                 secondary: None,
             };

@@ -249,6 +249,25 @@ pub struct Event {
     pub message: String,
 }
 
+/// The longest Event note written, in bytes: an API server refuses larger
+/// ones (events.k8s.io/v1 caps `note` at 1 kB), and a pathological
+/// annotation or pool address must not make one.
+pub const MAX_EVENT_NOTE: usize = 1024;
+
+/// `note` cut to [`MAX_EVENT_NOTE`] bytes at a character boundary, ending in
+/// `…` when cut.
+pub fn capped_note(mut note: String) -> String {
+    if note.len() > MAX_EVENT_NOTE {
+        let mut end = MAX_EVENT_NOTE - '…'.len_utf8();
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push('…');
+    }
+    note
+}
+
 /// A write the host could not make.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

@@ -401,24 +401,11 @@ impl Plan {
     }
 }
 
-/// The longest Event message written: an API server refuses larger notes
-/// (events.k8s.io/v1 caps them at 1 kB), and a pathological annotation must
-/// not make one.
-const MAX_MESSAGE: usize = 1024;
-
-fn event(event_type: EventType, reason: &str, mut message: String) -> Event {
-    if message.len() > MAX_MESSAGE {
-        let mut end = MAX_MESSAGE - 3;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
-        message.push('…');
-    }
+fn event(event_type: EventType, reason: &str, message: String) -> Event {
     Event {
         event_type,
         reason: reason.to_owned(),
-        message,
+        message: crate::client::capped_note(message),
     }
 }
 
@@ -1724,7 +1711,7 @@ mod tests {
     fn event_messages_are_capped_at_a_char_boundary() {
         let long = format!("x{}", "é".repeat(5000));
         let capped = event(EventType::Warning, reason::LOAD_BALANCER_FAILED, long);
-        assert!(capped.message.len() <= MAX_MESSAGE);
+        assert!(capped.message.len() <= crate::client::MAX_EVENT_NOTE);
         assert!(capped.message.ends_with('…'));
         let short = event(EventType::Normal, reason::IP_ALLOCATED, "ok".into());
         assert_eq!(short.message, "ok");
