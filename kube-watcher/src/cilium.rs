@@ -217,8 +217,11 @@ impl<S: Handler<CiliumPoolResource> + 'static> CiliumWatch<S> {
                 "CiliumLoadBalancerIPPools are served: watching them"
             );
             served.send_replace(Some(version));
-            let stream = watch_stream(client.clone(), version, watcher.clone())
-                .take_while(|item| std::future::ready(!is_not_found(item)));
+            let (client, watcher) = (client.clone(), watcher.clone());
+            let stream = move || {
+                watch_stream(client.clone(), version, watcher.clone())
+                    .take_while(|item| std::future::ready(!is_not_found(item)))
+            };
             let stream = with_backoff(stream, KIND, backoff.clone());
             tokio::select! {
                 () = cancel.cancelled() => return,

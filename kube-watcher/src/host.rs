@@ -359,7 +359,10 @@ fn spawn_watches(
     let wc = config.watcher.clone();
     tasks.push(spawn_watch(
         Driver::new("Service", service_writer).notifying(store.service_changes()),
-        watcher(Api::<Service>::all(client.clone()), wc.clone()).modify(lean::service),
+        {
+            let (client, wc) = (client.clone(), wc.clone());
+            move || watcher(Api::<Service>::all(client.clone()), wc.clone()).modify(lean::service)
+        },
         manager_chain::<Service>(current),
         synced.clone(),
         config.watch_backoff.clone(),
@@ -367,11 +370,16 @@ fn spawn_watches(
     ));
     tasks.push(spawn_watch(
         Driver::new("IPAddressPool", pool_writer),
-        watcher(
-            Api::<IPAddressPoolResource>::all(client.clone()),
-            wc.clone(),
-        )
-        .modify(lean::pool),
+        {
+            let (client, wc) = (client.clone(), wc.clone());
+            move || {
+                watcher(
+                    Api::<IPAddressPoolResource>::all(client.clone()),
+                    wc.clone(),
+                )
+                .modify(lean::pool)
+            }
+        },
         Converting::new(manager_chain::<IPAddressPool>(current), to_subscriber),
         synced.clone(),
         config.watch_backoff.clone(),
@@ -379,7 +387,12 @@ fn spawn_watches(
     ));
     tasks.push(spawn_watch(
         Driver::new("Namespace", namespace_writer),
-        watcher(Api::<Namespace>::all(client.clone()), wc.clone()).modify(lean::namespace),
+        {
+            let (client, wc) = (client.clone(), wc.clone());
+            move || {
+                watcher(Api::<Namespace>::all(client.clone()), wc.clone()).modify(lean::namespace)
+            }
+        },
         manager_chain::<Namespace>(current),
         synced.clone(),
         config.watch_backoff.clone(),
@@ -406,7 +419,7 @@ fn spawn_watches(
 
 fn spawn_watch<K, St, S>(
     driver: Driver<K>,
-    stream: St,
+    stream: impl Fn() -> St + Send + 'static,
     sink: S,
     synced: SyncTracker,
     backoff: WatchBackoff,

@@ -425,7 +425,8 @@ where
     K: std::fmt::Debug + Send + Sync + 'static,
     W: Write + Send + 'a,
 {
-    let stream = watcher(Api::<K>::all(client.clone()), config.clone());
+    let (client, config) = (client.clone(), config.clone());
+    let stream = move || watcher(Api::<K>::all(client.clone()), config.clone());
     drive(with_backoff(stream, lines.kind, backoff.clone()), lines).boxed()
 }
 
@@ -437,11 +438,13 @@ fn cilium_stream(
     backoff: WatchBackoff,
 ) -> impl Stream<Item = Result<watcher::Event<RawCiliumPool>, watcher::Error>> + Send {
     let resource = cilium::api_resource(version);
-    let api_version = resource.api_version.clone();
-    let api = Api::<DynamicObject>::all_with(client, &resource);
-    let stream = watcher(api, config).map(move |item| {
-        item.map(|event| map_event(event, |object| RawCiliumPool::new(object, &api_version)))
-    });
+    let stream = move || {
+        let api_version = resource.api_version.clone();
+        let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+        watcher(api, config.clone()).map(move |item| {
+            item.map(|event| map_event(event, |object| RawCiliumPool::new(object, &api_version)))
+        })
+    };
     with_backoff(stream, cilium::KIND, backoff)
 }
 

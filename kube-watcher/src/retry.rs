@@ -197,19 +197,30 @@ impl Retry {
     }
 }
 
-/// `stream` with its errors passed through (and logged), and the next poll
-/// after each delayed by the backoff (see the module documentation).
-pub(crate) fn with_backoff<K, St>(
-    stream: St,
+/// The stream `make` gives, with its errors passed through (and logged),
+/// and the next poll after each delayed by the backoff (see the module
+/// documentation). A watch refused with `410 Gone` when it starts gets a new
+/// stream from `make`, which lists afresh: kube's watcher would retry the
+/// expired resourceVersion forever (a kube-apiserver reports an expired
+/// version inside the watch, which kube's watcher relists on; other servers
+/// answer the watch request itself with a 410).
+pub(crate) fn with_backoff<K, St, F>(
+    make: F,
     kind: &'static str,
     config: WatchBackoff,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
 where
     K: Send + 'static,
     St: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    F: Fn() -> St + Send + 'static,
 {
-    let state = (stream.boxed(), Retry::new(kind, config), Duration::ZERO);
-    futures::stream::unfold(state, |(mut stream, mut retry, delay)| async move {
+    let state = (
+        make().boxed(),
+        make,
+        Retry::new(kind, config),
+        Duration::ZERO,
+    );
+    futures::stream::unfold(state, |(mut stream, make, mut retry, delay)| async move {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
@@ -219,10 +230,20 @@ where
                 retry.succeeded(event);
                 Duration::ZERO
             }
-            Err(error) => retry.failed(error),
+            Err(error) => {
+                if is_gone_at_start(error) {
+                    stream = make().boxed();
+                }
+                retry.failed(error)
+            }
         };
-        Some((item, (stream, retry, delay)))
+        Some((item, (stream, make, retry, delay)))
     })
+}
+
+/// A watch request answered with `410 Gone`.
+fn is_gone_at_start(error: &watcher::Error) -> bool {
+    matches!(error, watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 410)
 }
 
 #[cfg(test)]
@@ -286,6 +307,40 @@ mod tests {
         retry.succeeded(&watcher::Event::Apply(()));
         assert_eq!(retry.failures, 0);
         assert!(retry.failed(&list_failed()) < Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_refused_with_410_gets_a_new_watcher() {
+        let gone_at_start = || {
+            watcher::Error::WatchStartFailed(kube::Error::Api(
+                kube::core::Status::failure("too old resource version", "Expired")
+                    .with_code(410)
+                    .boxed(),
+            ))
+        };
+        let made = std::sync::Arc::new(AtomicU64::new(0));
+        let counter = std::sync::Arc::clone(&made);
+        // Each watcher made: a 410 at its watch's start, then (as kube's
+        // watcher does) the same again, forever.
+        let make = move || {
+            let number = counter.fetch_add(1, Ordering::Relaxed);
+            futures::stream::iter(
+                (0..).map(move |_| Err::<watcher::Event<u64>, _>(gone_at_start())),
+            )
+            .take(if number < 2 { 3 } else { 0 })
+            .chain(futures::stream::iter([Ok(watcher::Event::Apply(number))]))
+        };
+        let stream = with_backoff(make, "Service", WatchBackoff::default());
+        let items: Vec<_> = stream.take(3).collect().await;
+        assert!(items.iter().take(2).all(Result::is_err));
+        // The first two watchers each yielded one 410 and were replaced.
+        assert!(
+            matches!(items[2], Ok(watcher::Event::Apply(2))),
+            "{items:?}"
+        );
+        assert_eq!(made.load(Ordering::Relaxed), 3);
+        // A 410 inside a watch is kube's to relist on: the stream stays.
+        assert!(!is_gone_at_start(&gone()));
     }
 
     #[tokio::test(start_paused = true)]

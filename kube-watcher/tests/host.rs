@@ -296,6 +296,37 @@ async fn a_watch_ending_in_410_relists_and_changes_nothing() {
     host.shutdown().await;
 }
 
+/// A server that answers a resumed watch with an HTTP 410 (not with an
+/// ERROR event in the stream, as kube-apiserver does): the host lists again
+/// and sees what changed meanwhile, where kube's watcher alone would retry
+/// the expired resourceVersion forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_refused_with_an_http_410_relists() {
+    let stub = cluster().await;
+    let host = Host::start(stub.client("a"), config("a"));
+    wait_for_ips(&stub, "web", &["192.168.10.0"]).await;
+    settled(&host).await;
+    let mark = stub.last_seq();
+    stub.compact_and_disconnect();
+    stub.delete(Kind::Service, "ns", "web");
+    stub.create(service("ns", "new", "10.96.0.3"));
+    stub.wait_until("new holds an address", |stub| {
+        stub.get(Kind::Service, "ns", "new")
+            .is_some_and(|s| !ingress(&s).is_empty())
+    })
+    .await;
+    assert!(stub.refused_watches() >= 1, "no watch was refused");
+    // Each kind listed again after the refusal.
+    let lists = |path: &str| {
+        stub.requests()
+            .iter()
+            .filter(|r| r.seq > mark && r.path == path && !r.query.contains("watch=true"))
+            .count()
+    };
+    assert!(lists("/api/v1/services") >= 1);
+    host.shutdown().await;
+}
+
 /// On tokio's paused clock: the intruder's 3 s lease runs out in virtual
 /// time, and the look for writes ends when the host is idle.
 #[tokio::test(start_paused = true)]

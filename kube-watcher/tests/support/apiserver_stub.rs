@@ -25,8 +25,9 @@
 //!
 //! Every request is recorded (method, path, query, content type, body and
 //! the `x-replica` header); tests can script failures of the next matching
-//! requests, hold a kind's list back, end every watch with `410 Gone`, or
-//! drop every watch connection.
+//! requests, hold a kind's list back, end every watch with `410 Gone`,
+//! drop every watch connection, or answer a resumed watch with an HTTP
+//! `410`.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -149,6 +150,12 @@ struct State {
     history: Vec<(u64, Kind, Bytes)>,
     /// Watches from a resourceVersion below this get `410 Gone`.
     compacted: u64,
+    /// Whether that `410` answers the watch request itself (as some API
+    /// servers and emulators do) rather than coming as an ERROR event in a
+    /// `200` stream (as kube-apiserver sends it).
+    gone_as_http: bool,
+    /// How many watch requests got that HTTP `410`.
+    refused_watches: u64,
     watchers: Vec<(Kind, mpsc::UnboundedSender<Bytes>)>,
     requests: Vec<Recorded>,
     failures: Vec<Failure>,
@@ -638,6 +645,26 @@ impl ApiServerStub {
         self.bump();
     }
 
+    /// Compacts the history and closes every open watch connection; from
+    /// now on a watch from an older resourceVersion is answered with an
+    /// HTTP `410`, so watchers resuming after the disconnect must relist.
+    pub(crate) fn compact_and_disconnect(&self) {
+        let mut state = self.lock();
+        // Even the latest resourceVersion is too old: every resumed watch
+        // is refused, until a write gives a list a newer one.
+        state.compacted = state.rv + 1;
+        state.gone_as_http = true;
+        state.watchers.clear();
+        drop(state);
+        self.bump();
+    }
+
+    /// How many watch requests [`ApiServerStub::compact_and_disconnect`]
+    /// made the stub refuse with an HTTP `410`.
+    pub(crate) fn refused_watches(&self) -> u64 {
+        self.lock().refused_watches
+    }
+
     /// Closes every open watch connection (a disconnect): watchers resume
     /// from their last resourceVersion.
     pub(crate) fn disconnect_watches(&self) {
@@ -1114,6 +1141,10 @@ impl Server {
         let (sender, receiver) = mpsc::unbounded_channel::<Bytes>();
         {
             let mut state = self.lock();
+            if from < state.compacted && state.gone_as_http {
+                state.refused_watches += 1;
+                return status(410, "Expired", "too old resource version");
+            }
             if from < state.compacted {
                 let gone = watch_line(
                     "ERROR",
