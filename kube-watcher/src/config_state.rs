@@ -89,7 +89,9 @@ impl Verdict {
                 "type": CONDITION_TYPE,
                 "status": if valid { "True" } else { "False" },
                 "reason": if valid { "Reconciled" } else { "ConfigurationError" },
-                "message": summary.unwrap_or_default(),
+                // A condition's message is at most 32768 bytes
+                // (metav1.Condition, as MetalLB's CRD declares it).
+                "message": manager::capped(summary.unwrap_or_default().to_owned(), 32_768),
                 "lastTransitionTime": now,
             }],
         }})
@@ -282,6 +284,31 @@ mod tests {
         assert_eq!(
             Verdict::of(&[]).status_patch("T")["status"]["errorSummary"],
             Value::Null
+        );
+    }
+
+    #[test]
+    fn the_condition_message_stays_within_its_limit() {
+        let rejected: Vec<allocator::RejectedPool> = (0..2_000)
+            .map(|i| allocator::RejectedPool {
+                name: format!("pool-{i}"),
+                kind: allocator::PoolKind::IPAddressPool,
+                reason: "spec.addresses is empty".to_owned(),
+                conflict: None,
+            })
+            .collect();
+        let verdict = Verdict::of(&rejected);
+        assert!(verdict.error_summary.len() > 32_768);
+        let patch = verdict.status_patch("T");
+        let message = patch["status"]["conditions"][0]["message"]
+            .as_str()
+            .unwrap();
+        assert!(message.len() <= 32_768);
+        assert!(message.ends_with('…'));
+        // The summary itself is whole.
+        assert_eq!(
+            patch["status"]["errorSummary"],
+            verdict.error_summary.as_str()
         );
     }
 }

@@ -254,18 +254,24 @@ pub struct Event {
 /// annotation or pool address must not make one.
 pub const MAX_EVENT_NOTE: usize = 1024;
 
-/// `note` cut to [`MAX_EVENT_NOTE`] bytes at a character boundary, ending in
-/// `…` when cut.
-pub fn capped_note(mut note: String) -> String {
-    if note.len() > MAX_EVENT_NOTE {
-        let mut end = MAX_EVENT_NOTE - '…'.len_utf8();
-        while !note.is_char_boundary(end) {
+/// `note` cut to [`MAX_EVENT_NOTE`] bytes (see [`capped`]).
+pub fn capped_note(note: String) -> String {
+    capped(note, MAX_EVENT_NOTE)
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, ending in `…`
+/// when cut: API servers refuse fields over their limit, and a message
+/// built from user input must not make one.
+pub fn capped(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max.saturating_sub('…'.len_utf8());
+        while !text.is_char_boundary(end) {
             end -= 1;
         }
-        note.truncate(end);
-        note.push('…');
+        text.truncate(end);
+        text.push('…');
     }
-    note
+    text
 }
 
 /// A write the host could not make.

@@ -14,7 +14,7 @@ mod store;
 
 pub use cilium_pool::{cilium_pool_conditions, CiliumPoolFigures, PoolCondition};
 pub use client::{
-    capped_note, pool_annotation, status_ips, CiliumConditionChange, Client, ClientError,
+    capped, capped_note, pool_annotation, status_ips, CiliumConditionChange, Client, ClientError,
     ConditionKind, Event, EventType, ServiceCondition, ServiceWrite, CILIUM_CONDITION_TYPE,
     CONDITION_TYPE, MAX_EVENT_NOTE, POOL_ANNOTATION,
 };
