@@ -10,14 +10,19 @@
 //! leadership term; without the CRD the writer logs one DEBUG line and
 //! stays quiet. The object is read once per term (so a new leader writes
 //! nothing when it already shows the result), created when missing, and
-//! its status merge-patched when the result or the summary changes.
+//! its status merge-patched when the result or the summary changes. A read
+//! or write that fails is tried again with the pool writes' backoff.
+
+use std::time::Duration;
 
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use manager::AllocatingController;
 use serde_json::{json, Value};
+use tokio::time::Instant;
 
 use crate::client::FIELD_MANAGER;
 use crate::lease::LeaderGate;
+use crate::pool_status::{Retries, Write, POOL_STATUS_PERIOD};
 
 /// The API group and version of `ConfigurationState`.
 pub(crate) const API_VERSION: &str = "metallb.io/v1beta1";
@@ -114,6 +119,10 @@ pub(crate) struct ConfigStateWriter {
     served: Served,
     /// What the object shows (`None`: not read yet this term).
     shown: Option<Verdict>,
+    /// A failed read or write, tried again with backoff.
+    retries: Retries,
+    /// The pool status writer's period: the first retry's delay.
+    pub(crate) period: Duration,
 }
 
 impl std::fmt::Debug for ConfigStateWriter {
@@ -136,6 +145,8 @@ impl ConfigStateWriter {
             gate,
             served: Served::Unknown,
             shown: None,
+            retries: Retries::default(),
+            period: POOL_STATUS_PERIOD,
         }
     }
 
@@ -147,8 +158,20 @@ impl ConfigStateWriter {
         }
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &self.namespace, &resource());
+        let id = (self.namespace.clone(), NAME.to_owned());
+        let at = Instant::now();
+        if !self.retries.due(Write::ConfigurationState, &id, at) {
+            return false;
+        }
         if self.shown.is_none() {
-            self.shown = self.read_or_create(&api).await;
+            match self.read_or_create(&api).await {
+                Ok(shown) => self.shown = Some(shown),
+                Err(error) => {
+                    let (what, period) = (Write::ConfigurationState, self.period);
+                    self.retries.failed(what, &id, at, period, &error);
+                    return false;
+                }
+            }
         }
         let wanted = Verdict::of(&controller.rejected_pools());
         if self.shown.is_none() || self.shown.as_ref() == Some(&wanted) || !self.gate.is_open() {
@@ -165,11 +188,13 @@ impl ConfigStateWriter {
         match api.patch_status(NAME, &params, &patch).await {
             Ok(_) => {
                 tracing::debug!(result = %wanted.result, "ConfigurationState written");
+                self.retries.succeeded(Write::ConfigurationState, &id);
                 self.shown = Some(wanted);
                 true
             }
             Err(error) => {
-                tracing::warn!(%error, "could not write the ConfigurationState");
+                let (what, period) = (Write::ConfigurationState, self.period);
+                self.retries.failed(what, &id, at, period, &error);
                 // Read again next time (it may have been deleted).
                 self.shown = None;
                 false
@@ -197,18 +222,12 @@ impl ConfigStateWriter {
         self.served == Served::Yes
     }
 
-    /// What the object shows, creating it (empty status) if missing;
-    /// `None` when neither worked (tried again next time).
-    async fn read_or_create(&self, api: &Api<DynamicObject>) -> Option<Verdict> {
-        match api.get_opt(NAME).await {
-            Ok(Some(object)) => return Some(Verdict::shown(&object)),
-            Ok(None) => {}
-            Err(error) => {
-                tracing::warn!(%error, "could not read the ConfigurationState");
-                return None;
-            }
+    /// What the object shows, creating it (empty status) if missing.
+    async fn read_or_create(&self, api: &Api<DynamicObject>) -> Result<Verdict, kube::Error> {
+        if let Some(object) = api.get_opt(NAME).await? {
+            return Ok(Verdict::shown(&object));
         }
-        let object: DynamicObject = match serde_json::from_value(json!({
+        let object: DynamicObject = serde_json::from_value(json!({
             "apiVersion": API_VERSION,
             "kind": "ConfigurationState",
             "metadata": {
@@ -216,24 +235,13 @@ impl ConfigStateWriter {
                 "namespace": self.namespace,
                 "labels": {COMPONENT_LABEL: "controller"},
             },
-        })) {
-            Ok(object) => object,
-            Err(error) => {
-                tracing::warn!(%error, "could not build the ConfigurationState");
-                return None;
-            }
-        };
+        }))
+        .map_err(kube::Error::SerdeError)?;
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
-        match api.create(&params, &object).await {
-            Ok(created) => Some(Verdict::shown(&created)),
-            Err(error) => {
-                tracing::warn!(%error, "could not create the ConfigurationState");
-                None
-            }
-        }
+        Ok(Verdict::shown(&api.create(&params, &object).await?))
     }
 }
 

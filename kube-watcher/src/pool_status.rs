@@ -24,6 +24,13 @@
 //! pool is read again and the write retried once, instead of lost). A Cilium
 //! pool rejected as invalid gets no condition (docs/cilium.md §10, open
 //! question 2), only its Warning Event, as a MetalLB pool.
+//!
+//! A write that fails (a status, Cilium's conditions, an Event) is tried
+//! again after a delay that doubles with each failure of that pool, from
+//! one period up to five minutes, and a streak of failures is logged at
+//! WARN once (DEBUG after, INFO when it ends): a lasting error, such as a
+//! missing RBAC rule, costs neither the API server a request nor the log a
+//! line per pool every period.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -34,7 +41,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::Resource;
 use manager::AllocatingController;
 use serde_json::{json, Value};
-use tokio::time::MissedTickBehavior;
+use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::cilium::{self, CiliumPoolResource, ServedVersion};
@@ -212,6 +219,102 @@ fn shown_conditions(pool: &CiliumPoolResource) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// What the writer writes about a pool (or MetalLB's
+/// `ConfigurationState`), each retried on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Write {
+    Status,
+    CiliumConditions,
+    Event,
+    ConfigurationState,
+}
+
+impl Write {
+    fn what(self) -> &'static str {
+        match self {
+            Write::Status => "the pool's status",
+            Write::CiliumConditions => "the Cilium pool's conditions",
+            Write::Event => "the pool's Event",
+            Write::ConfigurationState => "the ConfigurationState",
+        }
+    }
+}
+
+/// The longest wait before a failed write is tried again.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(300);
+
+/// The writes that failed, by (what, namespace, name): how many times in a
+/// row, and when the next try is due.
+#[derive(Debug, Default)]
+pub(crate) struct Retries {
+    failing: HashMap<(Write, String, String), (u32, Instant)>,
+}
+
+impl Retries {
+    fn key(what: Write, (namespace, name): &(String, String)) -> (Write, String, String) {
+        (what, namespace.clone(), name.clone())
+    }
+
+    /// Whether `what` of the pool `id` may be tried at `now`.
+    pub(crate) fn due(&self, what: Write, id: &(String, String), now: Instant) -> bool {
+        self.failing
+            .get(&Self::key(what, id))
+            .is_none_or(|&(_, next)| now >= next)
+    }
+
+    /// Books a failure at `now` and logs it: at WARN for a streak's first,
+    /// and again each time the delay is at its longest (a reminder every
+    /// five minutes), else at DEBUG. The next try waits `base`, doubled for
+    /// each further failure in a row, at most [`MAX_RETRY_DELAY`].
+    pub(crate) fn failed(
+        &mut self,
+        what: Write,
+        id: &(String, String),
+        now: Instant,
+        base: Duration,
+        error: &kube::Error,
+    ) {
+        let (failures, next) = self.failing.entry(Self::key(what, id)).or_insert((0, now));
+        *failures = failures.saturating_add(1);
+        let doublings = (*failures - 1).min(16);
+        let delay = base
+            .saturating_mul(2u32.saturating_pow(doublings))
+            .min(MAX_RETRY_DELAY);
+        *next = now + delay;
+        let (pool, failures, what) = (&id.1, *failures, what.what());
+        let retry_in_ms = delay.as_millis();
+        if failures == 1 || delay == MAX_RETRY_DELAY {
+            tracing::warn!(
+                name = %pool,
+                %error,
+                failures,
+                retry_in_ms,
+                "could not write {what}; retrying with backoff"
+            );
+        } else {
+            tracing::debug!(
+                name = %pool,
+                %error,
+                failures,
+                retry_in_ms,
+                "could not write {what}"
+            );
+        }
+    }
+
+    /// Books a success, logging the end of a streak.
+    pub(crate) fn succeeded(&mut self, what: Write, id: &(String, String)) {
+        if let Some((failures, _)) = self.failing.remove(&Self::key(what, id)) {
+            let what = what.what();
+            tracing::info!(
+                name = %id.1,
+                failures,
+                "wrote {what} after {failures} failed attempts"
+            );
+        }
+    }
+}
+
 /// Writes pool statuses and pool Events for one leadership term.
 pub(crate) struct PoolStatusWriter {
     client: kube::Client,
@@ -230,6 +333,10 @@ pub(crate) struct PoolStatusWriter {
     /// resourceVersion they were read at: while the cache still shows that
     /// version, the write is not repeated.
     cilium_written: HashMap<String, (CiliumPoolState, Option<String>)>,
+    /// The writes that failed, tried again with backoff.
+    retries: Retries,
+    /// The period of [`PoolStatusWriter::run`]: the first retry's delay.
+    period: Duration,
 }
 
 impl std::fmt::Debug for PoolStatusWriter {
@@ -260,6 +367,8 @@ impl PoolStatusWriter {
             config_state: None,
             cilium_version: None,
             cilium_written: HashMap::new(),
+            retries: Retries::default(),
+            period: POOL_STATUS_PERIOD,
         }
     }
 
@@ -336,9 +445,20 @@ impl PoolStatusWriter {
             if pool.status.as_ref() == Some(&status) || self.written.get(&id) == Some(&status) {
                 continue;
             }
-            if self.write(&id, &status).await {
-                self.written.insert(id, status);
-                count += 1;
+            let now = Instant::now();
+            if !self.retries.due(Write::Status, &id, now) {
+                continue;
+            }
+            match self.write(&id, &status).await {
+                Ok(()) => {
+                    self.retries.succeeded(Write::Status, &id);
+                    self.written.insert(id, status);
+                    count += 1;
+                }
+                Err(error) => {
+                    self.retries
+                        .failed(Write::Status, &id, now, self.period, &error);
+                }
             }
         }
         count
@@ -448,9 +568,21 @@ impl PoolStatusWriter {
             if self.cilium_written.get(&name) == Some(&(state.clone(), read_at.clone())) {
                 continue;
             }
-            if self.write_cilium(version, &pool, &state, now).await {
-                self.cilium_written.insert(name, (state, read_at));
-                count += 1;
+            let id = (String::new(), name);
+            let at = Instant::now();
+            if !self.retries.due(Write::CiliumConditions, &id, at) {
+                continue;
+            }
+            match self.write_cilium(version, &pool, &state, now).await {
+                Ok(()) => {
+                    self.retries.succeeded(Write::CiliumConditions, &id);
+                    self.cilium_written.insert(id.1, (state, read_at));
+                    count += 1;
+                }
+                Err(error) => {
+                    self.retries
+                        .failed(Write::CiliumConditions, &id, at, self.period, &error);
+                }
             }
         }
         count
@@ -466,7 +598,7 @@ impl PoolStatusWriter {
         pool: &CiliumPoolResource,
         state: &CiliumPoolState,
         now: &str,
-    ) -> bool {
+    ) -> Result<(), kube::Error> {
         let api: Api<DynamicObject> =
             Api::all_with(self.client.clone(), &cilium::api_resource(version));
         let name = pool.0.metadata.name.clone().unwrap_or_default();
@@ -476,7 +608,8 @@ impl PoolStatusWriter {
         };
         let mut conditions = shown_conditions(pool);
         let mut resource_version = pool.0.metadata.resource_version.clone();
-        for attempt in 0..2 {
+        let mut read_again = false;
+        loop {
             let patch = json!({
                 "metadata": {"resourceVersion": resource_version},
                 "status": {"conditions": state.merged_into(&conditions, now)},
@@ -484,37 +617,29 @@ impl PoolStatusWriter {
             let error = match api.patch_status(&name, &params, &Patch::Merge(patch)).await {
                 Ok(_) => {
                     tracing::debug!(pool = %name, ?state, "Cilium pool conditions written");
-                    return true;
+                    return Ok(());
                 }
                 Err(error) => error,
             };
             let conflict = matches!(&error, kube::Error::Api(status) if status.code == 409);
-            if !conflict || attempt > 0 {
-                tracing::warn!(pool = %name, %error, "could not write the Cilium pool's conditions");
-                return false;
+            if !conflict || read_again {
+                return Err(error);
             }
-            // Changed since the cache read it: read it again.
-            match api.get(&name).await {
-                Ok(fresh) => {
-                    conditions = fresh
-                        .data
-                        .get("status")
-                        .and_then(|status| status.get("conditions"))
-                        .and_then(Value::as_array)
-                        .cloned()
-                        .unwrap_or_default();
-                    resource_version = fresh.metadata.resource_version;
-                    if state.is_shown_in(&conditions) {
-                        return true;
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(pool = %name, %error, "could not read the Cilium pool again");
-                    return false;
-                }
+            // Changed since the cache read it: read it again, once.
+            read_again = true;
+            let fresh = api.get(&name).await?;
+            conditions = fresh
+                .data
+                .get("status")
+                .and_then(|status| status.get("conditions"))
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            resource_version = fresh.metadata.resource_version;
+            if state.is_shown_in(&conditions) {
+                return Ok(());
             }
         }
-        false
     }
 
     /// The status whose `Accepted` condition a new one continues: the
@@ -543,23 +668,20 @@ impl PoolStatusWriter {
 
     /// Merge-patches the status of the pool `id` (a custom resource takes
     /// no strategic merge patch; the status is ours alone).
-    async fn write(&self, id: &(String, String), status: &IPAddressPoolStatus) -> bool {
+    async fn write(
+        &self,
+        id: &(String, String),
+        status: &IPAddressPoolStatus,
+    ) -> Result<(), kube::Error> {
         let api: Api<IPAddressPoolResource> = Api::namespaced(self.client.clone(), &id.0);
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
         let patch = Patch::Merge(json!({ "status": status }));
-        match api.patch_status(&id.1, &params, &patch).await {
-            Ok(_) => {
-                tracing::debug!(pool = %id.1, ?status, "pool status written");
-                true
-            }
-            Err(error) => {
-                tracing::warn!(pool = %id.1, %error, "could not write pool status");
-                false
-            }
-        }
+        api.patch_status(&id.1, &params, &patch).await?;
+        tracing::debug!(pool = %id.1, ?status, "pool status written");
+        Ok(())
     }
 
     /// A Warning Event on the rejected pool `reference` (`id`: namespace,
@@ -577,6 +699,10 @@ impl PoolStatusWriter {
             return;
         }
         if !shown {
+            let now = Instant::now();
+            if !self.retries.due(Write::Event, id, now) {
+                return;
+            }
             let (_, event_reason) = rejection_reasons(reason);
             let event = KubeEvent {
                 type_: EventType::Warning,
@@ -590,9 +716,11 @@ impl PoolStatusWriter {
             };
             let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
             if let Err(error) = recorder.publish(&event, &reference).await {
-                tracing::warn!(pool = %id.1, %error, "could not emit the pool's Event");
+                self.retries
+                    .failed(Write::Event, id, now, self.period, &error);
                 return;
             }
+            self.retries.succeeded(Write::Event, id);
         }
         self.warned.insert(id.clone(), reason.to_owned());
     }
@@ -604,6 +732,10 @@ impl PoolStatusWriter {
         period: Duration,
         cancel: CancellationToken,
     ) {
+        self.period = period;
+        if let Some(config_state) = self.config_state.as_mut() {
+            config_state.period = period;
+        }
         let mut ticks = tokio::time::interval(period);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
@@ -619,6 +751,46 @@ impl PoolStatusWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_write_waits_longer_each_time_and_a_success_ends_it() {
+        let mut retries = Retries::default();
+        let id = ("ns".to_owned(), "p".to_owned());
+        let base = Duration::from_secs(1);
+        let error = kube::Error::Api(
+            kube::core::Status::failure("forbidden", "Forbidden")
+                .with_code(403)
+                .boxed(),
+        );
+        let start = Instant::now();
+        assert!(retries.due(Write::Status, &id, start));
+        // Tried at 0, 1, 3, 7, 15 ... seconds: each wait doubles.
+        let mut at = start;
+        let mut tries = Vec::new();
+        while at < start + Duration::from_secs(40) {
+            if retries.due(Write::Status, &id, at) {
+                tries.push((at - start).as_secs());
+                retries.failed(Write::Status, &id, at, base, &error);
+            }
+            at += Duration::from_secs(1);
+        }
+        assert_eq!(tries, [0, 1, 3, 7, 15, 31]);
+        // Each kind of write of each pool on its own.
+        assert!(retries.due(Write::Event, &id, at));
+        assert!(retries.due(Write::Status, &("ns".to_owned(), "q".to_owned()), at));
+        // Never longer than the cap.
+        for _ in 0..40 {
+            retries.failed(Write::Status, &id, at, base, &error);
+        }
+        assert!(retries.due(Write::Status, &id, at + MAX_RETRY_DELAY));
+        assert!(!retries.due(
+            Write::Status,
+            &id,
+            at + MAX_RETRY_DELAY - Duration::from_secs(1)
+        ));
+        retries.succeeded(Write::Status, &id);
+        assert!(retries.due(Write::Status, &id, at));
+    }
 
     #[test]
     fn an_overlap_names_the_other_pool() {

@@ -148,6 +148,51 @@ async fn a_failing_list_backs_off_and_warns_once() {
     host.shutdown().await;
 }
 
+/// On the paused clock: a pool status write the API server refuses (an
+/// RBAC rule missing) is tried again with backoff, not every period, and
+/// logged at WARN once.
+#[tokio::test(start_paused = true)]
+async fn a_refused_pool_status_write_backs_off_and_warns_once() {
+    let (logs, _guard) = capture();
+    let stub = ApiServerStub::start().await;
+    stub.create(namespace("ns"));
+    stub.create(pool("default", &["192.168.10.0/24"]));
+    stub.create(service("ns", "web", "10.96.0.1"));
+    stub.fail_next("PATCH", "/ipaddresspools/default/status", 403, u32::MAX);
+    let host = Host::start(stub.client("a"), config("a"));
+    let status_writes = |stub: &ApiServerStub| {
+        stub.requests()
+            .iter()
+            .filter(|r| r.method == "PATCH" && r.path.ends_with("/ipaddresspools/default/status"))
+            .count()
+    };
+
+    // The period is 100 ms here: 300 periods, and a try after 1, 2, 4 ...
+    // of them.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let attempts = status_writes(&stub);
+    assert!(
+        (3..=12).contains(&attempts),
+        "{attempts} status writes in 30 s"
+    );
+    let warnings = logs.lines_with("could not write the pool's status");
+    assert_eq!(warnings.len(), 1, "{}", logs.text());
+    assert!(warnings[0].contains("WARN"), "{}", warnings[0]);
+
+    // Allowed again: the next try (at most the last wait away) writes it.
+    stub.clear_failures();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let status = stub.get(Kind::Pool, "metallb-system", "default").unwrap()["status"].clone();
+    assert_eq!(status["assignedIPv4"], 1, "{}", logs.text());
+    assert_eq!(
+        logs.lines_with("wrote the pool's status after").len(),
+        1,
+        "{}",
+        logs.text()
+    );
+    host.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_routine_410_is_not_a_warning() {
     let (logs, _guard) = capture();
