@@ -68,10 +68,9 @@ impl<K> Default for PinnedIndex<K> {
 impl<K: Ord + Clone> PinnedIndex<K> {
     /// Adds `key` under each fact of `guard` (under none: unguarded).
     pub(crate) fn insert(&mut self, key: &K, guard: Option<&[Fact]>) {
-        if self.all.contains_key(key) {
+        if self.all.insert(key.clone(), ()).is_some() {
             return;
         }
-        self.all.insert(key.clone(), ());
         let Some(facts) = guard else {
             self.unguarded.insert(key.clone(), ());
             return;

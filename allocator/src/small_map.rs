@@ -76,16 +76,20 @@ impl<K: Ord + Clone, V> SmallMap<K, V> {
         }
     }
 
-    pub(crate) fn insert(&mut self, key: K, value: V) {
-        *self = match std::mem::take(self) {
-            SmallMap::Empty => SmallMap::One(key, value),
-            SmallMap::One(k, _) if k == key => SmallMap::One(k, value),
-            SmallMap::One(k, v) => SmallMap::Many(BTreeMap::from([(k, v), (key, value)])),
+    /// Sets `key` to `value`; the value it had, if any (as
+    /// `BTreeMap::insert`).
+    pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
+        let (map, old) = match std::mem::take(self) {
+            SmallMap::Empty => (SmallMap::One(key, value), None),
+            SmallMap::One(k, old) if k == key => (SmallMap::One(k, value), Some(old)),
+            SmallMap::One(k, v) => (SmallMap::Many(BTreeMap::from([(k, v), (key, value)])), None),
             SmallMap::Many(mut map) => {
-                map.insert(key, value);
-                SmallMap::Many(map)
+                let old = map.insert(key, value);
+                (SmallMap::Many(map), old)
             }
         };
+        *self = map;
+        old
     }
 
     pub(crate) fn remove(&mut self, key: &K) -> Option<V> {
@@ -146,8 +150,7 @@ mod tests {
         // A fixed scramble of 0..64, inserted then removed in other orders.
         let keys: Vec<u32> = (0..64).map(|i| (i * 37) % 64).collect();
         for &key in keys.iter().chain(keys.iter().take(8)) {
-            set.insert(key, ());
-            model.insert(key);
+            assert_eq!(set.insert(key, ()).is_none(), model.insert(key));
             assert!(set.keys().eq(model.iter()));
             assert_eq!(set.first_key(), model.first());
         }

@@ -19,9 +19,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use kube::api::Api;
 use kube::runtime::events::Reporter;
-use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::runtime::{reflector, watcher};
 use kube::ResourceExt;
 use manager::{
     AllocatingController, Client, ControllerConfig, Manager, ManagerConfig,
@@ -39,7 +38,7 @@ use crate::lean;
 use crate::lease::{KubeLease, LeaderElector, LeaderGate, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::pool_status::{PoolStatusWriter, POOL_STATUS_PERIOD};
-use crate::retry::{with_backoff, WatchBackoff};
+use crate::retry::{watcher_of, with_backoff, WatchBackoff};
 use crate::store::KubeStore;
 use crate::watch::{creation_order, Converting, Driver, SyncTracker};
 
@@ -359,10 +358,7 @@ fn spawn_watches(
     let wc = config.watcher.clone();
     tasks.push(spawn_watch(
         Driver::new("Service", service_writer).notifying(store.service_changes()),
-        {
-            let (client, wc) = (client.clone(), wc.clone());
-            move || watcher(Api::<Service>::all(client.clone()), wc.clone()).modify(lean::service)
-        },
+        watcher_of(client, &wc, lean::service),
         manager_chain::<Service>(current),
         synced.clone(),
         config.watch_backoff.clone(),
@@ -370,16 +366,7 @@ fn spawn_watches(
     ));
     tasks.push(spawn_watch(
         Driver::new("IPAddressPool", pool_writer),
-        {
-            let (client, wc) = (client.clone(), wc.clone());
-            move || {
-                watcher(
-                    Api::<IPAddressPoolResource>::all(client.clone()),
-                    wc.clone(),
-                )
-                .modify(lean::pool)
-            }
-        },
+        watcher_of(client, &wc, lean::pool),
         Converting::new(manager_chain::<IPAddressPool>(current), to_subscriber),
         synced.clone(),
         config.watch_backoff.clone(),
@@ -387,12 +374,7 @@ fn spawn_watches(
     ));
     tasks.push(spawn_watch(
         Driver::new("Namespace", namespace_writer),
-        {
-            let (client, wc) = (client.clone(), wc.clone());
-            move || {
-                watcher(Api::<Namespace>::all(client.clone()), wc.clone()).modify(lean::namespace)
-            }
-        },
+        watcher_of(client, &wc, lean::namespace),
         manager_chain::<Namespace>(current),
         synced.clone(),
         config.watch_backoff.clone(),

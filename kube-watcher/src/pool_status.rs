@@ -49,6 +49,7 @@ use crate::client::{EVENT_ACTION, FIELD_MANAGER};
 use crate::config_state::ConfigStateWriter;
 use crate::crd::{IPAddressPoolResource, IPAddressPoolStatus, PoolCondition};
 use crate::lease::LeaderGate;
+use crate::retry::doubled;
 use crate::store::KubeStore;
 
 /// How often pool statuses are brought up to date.
@@ -276,10 +277,7 @@ impl Retries {
     ) {
         let (failures, next) = self.failing.entry(Self::key(what, id)).or_insert((0, now));
         *failures = failures.saturating_add(1);
-        let doublings = (*failures - 1).min(16);
-        let delay = base
-            .saturating_mul(2u32.saturating_pow(doublings))
-            .min(MAX_RETRY_DELAY);
+        let delay = doubled(base, *failures - 1, MAX_RETRY_DELAY);
         *next = now + delay;
         let (pool, failures, what) = (&id.1, *failures, what.what());
         let retry_in_ms = delay.as_millis();

@@ -39,7 +39,7 @@ use subscriber::Handler;
 
 use crate::cilium;
 use crate::crd::IPAddressPoolResource;
-use crate::retry::{with_backoff, WatchBackoff};
+use crate::retry::{watcher_of, with_backoff, WatchBackoff};
 use crate::watch::{creation_order, Driver, Handled};
 
 /// A recording that failed.
@@ -425,8 +425,8 @@ where
     K: std::fmt::Debug + Send + Sync + 'static,
     W: Write + Send + 'a,
 {
-    let (client, config) = (client.clone(), config.clone());
-    let stream = move || watcher(Api::<K>::all(client.clone()), config.clone());
+    // Recorded whole: nothing is trimmed.
+    let stream = watcher_of::<K>(client, config, |_| {});
     drive(with_backoff(stream, lines.kind, backoff.clone()), lines).boxed()
 }
 

@@ -20,8 +20,14 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use std::fmt::Debug;
+
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use kube::runtime::watcher;
+use kube::api::Api;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::Resource;
+use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 /// The timing of watch retries.
@@ -53,9 +59,15 @@ impl WatchBackoff {
     /// The delay before retry number `attempt` (0 for the first), before
     /// jitter: `initial` doubled each attempt, at most `max`.
     pub fn base_delay(&self, attempt: u32) -> Duration {
-        let factor = 2u32.saturating_pow(attempt.min(31));
-        self.initial.saturating_mul(factor).min(self.max)
+        doubled(self.initial, attempt, self.max)
     }
+}
+
+/// `initial` doubled `attempt` times, at most `max`: the delay before
+/// retry number `attempt` (0 for the first).
+pub(crate) fn doubled(initial: Duration, attempt: u32, max: Duration) -> Duration {
+    let factor = 2u32.saturating_pow(attempt.min(31));
+    initial.saturating_mul(factor).min(max)
 }
 
 /// A factor in [0.5, 1): spreads the retries of many replicas apart.
@@ -239,6 +251,24 @@ where
         };
         Some((item, (stream, make, retry, delay)))
     })
+}
+
+/// How [`with_backoff`] makes the watcher of every `K` (with `config`),
+/// each object passed through `trim` on the stream.
+pub(crate) fn watcher_of<K>(
+    client: &kube::Client,
+    config: &watcher::Config,
+    trim: fn(&mut K),
+) -> impl Fn() -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let (client, config) = (client.clone(), config.clone());
+    move || {
+        watcher(Api::<K>::all(client.clone()), config.clone())
+            .modify(trim)
+            .boxed()
+    }
 }
 
 /// A watch request answered with `410 Gone`.
