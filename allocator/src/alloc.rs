@@ -528,11 +528,15 @@ struct AutoIndex {
     open_both: AutoSet,
     /// Per family and group: those where the group holds addresses.
     groups: [HashMap<Group, BTreeSet<AutoKey>, FastHash>; 2],
+    /// Cilium pools with addresses of IPv4, of IPv6: where a half-served
+    /// Service may get its other family ([`Allocator::cilium_groups`]),
+    /// found without a walk over the pools of the other kind or family.
+    cilium: [AutoSet; 2],
 }
 
 /// What kind of automatic pool a pool is, for the waiting Services that
 /// tried a kind as a whole ([`Tried`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum AutoGroup {
     /// Without serviceAllocation or serviceSelector: it serves every
     /// Service.
@@ -1089,8 +1093,10 @@ impl Allocator {
             self.auto.open_both.remove(key, guard, rules);
             for family in FAMILIES {
                 let i = family.index();
-                if let Some(open) = self.auto.open.get_mut(i) {
-                    open.remove(key, guard, rules);
+                for set in [&mut self.auto.open, &mut self.auto.cilium] {
+                    if let Some(set) = set.get_mut(i) {
+                        set.remove(key, guard, rules);
+                    }
                 }
                 if let Some(groups) = self.auto.groups.get_mut(i) {
                     for group in state.family(family).groups.keys() {
@@ -1122,6 +1128,12 @@ impl Allocator {
                 if state.is_open(family) {
                     if let Some(open) = self.auto.open.get_mut(family.index()) {
                         open.insert(key, guard, rules);
+                    }
+                }
+                if state.pool.kind == PoolKind::CiliumLoadBalancerIPPool && state.has_family(family)
+                {
+                    if let Some(cilium) = self.auto.cilium.get_mut(family.index()) {
+                        cilium.insert(key, guard, rules);
                     }
                 }
                 if let Some(groups) = self.auto.groups.get_mut(family.index()) {
@@ -2296,24 +2308,47 @@ impl Allocator {
         (kind == PoolKind::CiliumLoadBalancerIPPool).then_some((pool, ips))
     }
 
-    /// The automatic Cilium pools that serve `request` and have addresses
-    /// of `family`, in candidate order: where a Service held in a Cilium
-    /// pool may get that family (see [`Allocator::complete_dual_stack`]),
-    /// so what a waiting one waits on. The pinned pools come from their
-    /// index, as in [`Allocator::allocate`].
-    pub fn cilium_candidates(&self, request: &Request<'_>, family: Family) -> Vec<String> {
+    /// The groups of the automatic Cilium pools that serve `request` and
+    /// have addresses of `family` ([`AutoGroup`]): where a Service held in
+    /// a Cilium pool may get that family (see
+    /// [`Allocator::complete_dual_stack`]), so what a waiting one waits on.
+    /// Pools with equal rules serve the same Services, so one group stands
+    /// for them all: it costs the rules that serve `request`, not a walk
+    /// over the pools.
+    pub fn cilium_groups(&self, request: &Request<'_>, family: Family) -> Vec<AutoGroup> {
+        let Some(cilium) = self.auto.cilium.get(family.index()) else {
+            return Vec::new();
+        };
+        let serving = cilium.serving(&request.subject, self.walks_every_pinned(), &self.steps);
+        let pinned = serving.fingerprints().into_iter().map(AutoGroup::Pinned);
+        let unpinned = (!cilium.unpinned().is_empty()).then_some(AutoGroup::Unpinned);
+        let mut groups: Vec<AutoGroup> = pinned.chain(unpinned).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        groups
+    }
+
+    /// [`Allocator::cilium_groups`] the long way, for tests: the group of
+    /// every automatic pool that serves `request`, walked one by one, if
+    /// it is a Cilium pool with addresses of `family`.
+    #[cfg(test)]
+    pub(crate) fn cilium_groups_walked(
+        &self,
+        request: &Request<'_>,
+        family: Family,
+    ) -> Vec<AutoGroup> {
         let all = &self.auto.all;
-        let serving = all.serving(&request.subject, self.walks_every_pinned(), &self.steps);
-        serving
-            .pools()
-            .chain(all.unpinned().iter())
+        let serving = all.serving(&request.subject, true, &self.steps);
+        let mut groups: Vec<AutoGroup> = (serving.pools().chain(all.unpinned().iter()))
             .filter_map(|key| self.pools.get(&key.2))
             .filter(|state| {
-                self.step(1);
                 state.pool.kind == PoolKind::CiliumLoadBalancerIPPool && state.has_family(family)
             })
-            .map(|state| state.name.to_string())
-            .collect()
+            .filter_map(|state| self.auto_group(&state.name))
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        groups
     }
 
     /// §4.3 item 4 of docs/cilium.md: a dual-stack Service that no one
@@ -2893,6 +2928,13 @@ impl Allocator {
                 }
                 if booked != state.is_open(family) {
                     problems.push(format!("pool {name} {family}: automatic index is stale"));
+                }
+                let cilium = state.pool.kind == PoolKind::CiliumLoadBalancerIPPool
+                    && state.has_family(family);
+                let booked =
+                    (self.auto.cilium.get(family.index())).is_some_and(|set| set.contains(key));
+                if booked != cilium {
+                    problems.push(format!("pool {name} {family}: Cilium index is stale"));
                 }
             }
         }

@@ -1460,13 +1460,56 @@ mod cost {
         let before = a.steps();
         for p in 0..P {
             let request = svc(&format!("ns-{p:05}/s")).prefer(Family::V4);
+            let group = a.auto_group(&format!("p{p:05}"));
             assert_eq!(
-                a.cilium_candidates(&request.req(), Family::V6),
-                vec![format!("p{p:05}")]
+                a.cilium_groups(&request.req(), Family::V6),
+                Vec::from_iter(group)
             );
         }
         let steps = a.steps() - before;
         assert!(steps <= 2 * u64::from(P), "{steps} steps for {P} Services");
+    }
+
+    /// The same with P unpinned Cilium pools of IPv4 only beside two of
+    /// IPv6 and a MetalLB one: a half-served Service waits for IPv6 on the
+    /// unpinned Cilium pools as one group, found without a walk over them
+    /// (the walk took P steps per Service).
+    #[test]
+    fn the_unpinned_cilium_pools_a_half_served_service_waits_on_cost_no_walk() {
+        const P: u32 = 2000;
+        let mut a = Allocator::new();
+        for p in 0..P {
+            let spec = crate::cilium::CiliumLoadBalancerIPPoolSpec {
+                blocks: vec![crate::cilium::CiliumBlock {
+                    cidr: Some(format!("10.{}.{}.0/30", p / 256, p % 256)),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            a.set_cilium_pool(&format!("p{p:05}"), &spec);
+        }
+        a.set_pool("metallb-v6", &pool_spec(&["fd00:1::/120"]));
+        for (name, cidr) in [("v6-b", "fd00:2::/120"), ("v6-a", "fd00:3::/120")] {
+            let spec = crate::cilium::CiliumLoadBalancerIPPoolSpec {
+                blocks: vec![crate::cilium::CiliumBlock {
+                    cidr: Some(cidr.to_owned()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            a.set_cilium_pool(name, &spec);
+        }
+        let before = a.steps();
+        for p in 0..P {
+            let request = svc(&format!("ns-{p:05}/s")).prefer(Family::V4);
+            assert_eq!(
+                a.cilium_groups(&request.req(), Family::V6),
+                [AutoGroup::Unpinned]
+            );
+        }
+        let steps = a.steps() - before;
+        assert!(steps <= 4 * u64::from(P), "{steps} steps for {P} Services");
+        assert_eq!(a.check_invariants(), Ok(()));
     }
 
     /// P unpinned pools of one address each, all full: a Service that finds
@@ -2769,8 +2812,13 @@ mod pinned_index {
             }
             Op::Allocate { service } => {
                 let request = service.req();
-                // Where a half-served Service held in a Cilium pool waits.
-                let waits = [Family::V4, Family::V6].map(|f| a.cilium_candidates(&request, f));
+                // Where a half-served Service held in a Cilium pool waits:
+                // the groups of the pools a walk over every pool finds.
+                let waits = [Family::V4, Family::V6].map(|f| {
+                    let groups = a.cilium_groups(&request, f);
+                    assert_eq!(groups, a.cilium_groups_walked(&request, f));
+                    groups
+                });
                 format!("{:?} {waits:?}", a.allocate(&request))
             }
             Op::Release { namespace, name } => {

@@ -1850,6 +1850,19 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         },
     },
     GrowthShape {
+        name: "cilium_half_served",
+        what: "N/10 unpinned Cilium pools (IPv4 /24s and one-address IPv6s), PreferDualStack Services: most wait for IPv6 on every full one; then each modified",
+        exception: None,
+        stream: cilium_half_served_stream,
+        expect: |n| {
+            let (pools, services) = cilium_half_served_sizes(n);
+            Expect {
+                served: services,
+                addresses: Some(services + (pools / 2).min(services)),
+            }
+        },
+    },
+    GrowthShape {
         name: "pinned_namespaces",
         what: "N/20 Cilium pools (/27) each pinned to one Namespace by io.kubernetes.service.namespace, N Services over those Namespaces",
         exception: None,
@@ -2486,6 +2499,48 @@ fn cilium_fill_pool_stream(n: usize) -> Result<Vec<u8>> {
     )?;
     for i in 0..n {
         plain_service(&mut out, i)?;
+    }
+    Ok(out)
+}
+
+/// The pools and Services of [`cilium_half_served_stream`].
+fn cilium_half_served_sizes(n: usize) -> (usize, usize) {
+    let pools = n / 10;
+    (pools, (n - pools) / 2)
+}
+
+/// Unpinned Cilium pools, alternately an IPv4 /24 and one IPv6 address,
+/// then PreferDualStack Services, each created and later modified. The
+/// first take one address of each family from two pools (docs/cilium.md
+/// §3.5); once the IPv6 ones are full, the rest hold IPv4 and wait on
+/// them all, which must cost no walk over the pools.
+fn cilium_half_served_stream(n: usize) -> Result<Vec<u8>> {
+    let (pools, services) = cilium_half_served_sizes(n);
+    let mut out = Vec::with_capacity(n * 260);
+    for i in 0..pools {
+        let block = if i.is_multiple_of(2) {
+            format!("10.{}.{}.0/24", i / 256, i % 256)
+        } else {
+            format!("fd00:{i:x}::1/128")
+        };
+        cilium_pool_line(
+            &mut out,
+            &format!("pool-{i:06}"),
+            &format!(r#"[{{"cidr":"{block}"}}]"#),
+        )?;
+    }
+    for revision in 0..2 {
+        let event = if revision == 0 { "ADDED" } else { "MODIFIED" };
+        for i in 0..services {
+            service_line(
+                &mut out,
+                event,
+                (&namespace_of(i), &format!("svc-{i}")),
+                &format!(r#","labels":{{"revision":"{revision}"}}"#),
+                r#","ipFamilyPolicy":"PreferDualStack""#,
+                PORT_80,
+            )?;
+        }
     }
     Ok(out)
 }

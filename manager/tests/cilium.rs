@@ -629,6 +629,40 @@ mod families {
         h.delete("ns/a").await;
         assert_eq!(h.ips("ns/b"), "10.0.10.1 fd00:10::");
     }
+
+    /// P unpinned Cilium pools of one IPv6 address each, all held: every
+    /// later PreferDualStack Service holds IPv4 and waits on them all,
+    /// found and named as one group, not pool by pool (the walk over the
+    /// pools took P steps per reconciliation: over P² here). A delete in
+    /// any of them still completes the Service that waited longest.
+    #[tokio::test]
+    async fn waiting_on_many_cilium_pools_costs_no_walk_over_them() {
+        const P: usize = 200;
+        let h = Harness::synced().await;
+        h.cilium_pool("c4", blocks(&["10.0.0.0/16"])).await;
+        for p in 0..P {
+            let block = format!("fd00:{p:x}::1/128");
+            h.cilium_pool(&format!("c6-{p:03}"), blocks(&[block.as_str()]))
+                .await;
+        }
+        let prefer = |key: &str| {
+            require_dual(key).set(&["spec", "ipFamilyPolicy"], json!("PreferDualStack"))
+        };
+        for p in 0..P {
+            h.add(prefer(&format!("ns/full-{p:03}"))).await;
+        }
+        assert_eq!(h.ips("ns/full-077"), "10.0.0.77 fd00:4d::1");
+        let before = h.controller.allocator_steps();
+        for i in 0..P {
+            h.add(prefer(&format!("ns/s{i:03}"))).await;
+        }
+        let steps = h.controller.allocator_steps() - before;
+        assert!(steps <= 20 * P as u64, "{steps} steps for {P} Services");
+        assert_eq!(h.ips("ns/s000"), "10.0.0.200");
+        h.delete("ns/full-077").await;
+        assert_eq!(h.ips("ns/s000"), "10.0.0.200 fd00:4d::1");
+        assert_eq!(h.ips("ns/s001"), "10.0.0.201");
+    }
 }
 
 // ----- docs/cilium.md §3.6, §3.7: taking over from Cilium -----
@@ -839,6 +873,82 @@ mod shortcuts {
         h.delete_cilium_pool("c").await;
         steps.push(step(&h));
         (steps, h.controller.stats().reconciliations)
+    }
+
+    /// Half-served PreferDualStack Services held in a Cilium pool, waiting
+    /// for IPv6 on the Cilium pools that serve them (unpinned ones, and
+    /// one pinned by a label) as groups: each step the same as when every
+    /// waiting Service is run again, through deletes in either group, one
+    /// in a MetalLB pool that cannot serve them, a label change, a pinned
+    /// pool changed under its holder and a pool deleted.
+    async fn half_served_steps(config: ControllerConfig) -> Vec<Step> {
+        let h = Harness::unsynced(config);
+        let mut steps = Vec::new();
+        let front = json!({ "matchLabels": { "tier": "front" } });
+        let pinned = |selector: &Value| json!({ "blocks": [{ "cidr": "fd00:20::1/128" }], "serviceSelector": selector });
+        h.cilium_pool("c4", blocks(&["10.0.10.0/29"])).await;
+        h.cilium_pool("c6", blocks(&["fd00:10::/127"])).await;
+        h.cilium_pool("p6", pinned(&front)).await;
+        h.pool("m6", addrs(&["fd00:30::/127"])).await;
+        h.sync().await;
+        let prefer = |key: &str| svc(key).dual("PreferDualStack", false);
+        for key in ["ns/a", "ns/b"] {
+            h.add(prefer(key)).await;
+            steps.push(step(&h));
+        }
+        h.add(prefer("ns/c").label("tier", "front")).await;
+        steps.push(step(&h));
+        h.add(prefer("ns/d")).await;
+        steps.push(step(&h));
+        h.add(prefer("ns/e").label("tier", "front")).await;
+        steps.push(step(&h));
+        h.add(svc("ns/f").v6()).await;
+        steps.push(step(&h));
+        for key in ["ns/f", "ns/c"] {
+            h.delete(key).await;
+            steps.push(step(&h));
+        }
+        h.edit("ns/d", |s| s.label("tier", "front")).await;
+        steps.push(step(&h));
+        h.delete("ns/a").await;
+        steps.push(step(&h));
+        h.add(prefer("ns/g").label("tier", "front")).await;
+        steps.push(step(&h));
+        let back = json!({ "matchLabels": { "tier": "back" } });
+        h.cilium_pool("p6", pinned(&back)).await;
+        steps.push(step(&h));
+        h.delete("ns/b").await;
+        steps.push(step(&h));
+        h.delete_cilium_pool("c6").await;
+        steps.push(step(&h));
+        steps
+    }
+
+    #[tokio::test]
+    async fn half_served_cilium_waits_give_the_same_result_without_shortcuts() {
+        let fast = half_served_steps(ControllerConfig::default()).await;
+        let exhaustive = ControllerConfig {
+            exhaustive: true,
+            ..ControllerConfig::default()
+        };
+        let full = half_served_steps(exhaustive).await;
+        for (i, (a, b)) in fast.iter().zip(&full).enumerate() {
+            assert_eq!(
+                a, b,
+                "step {i} differs (left: shortcuts, right: exhaustive)"
+            );
+        }
+        assert_eq!(fast.len(), full.len());
+        // Two waited for IPv6 and got it from a pool of their groups: e
+        // from the pinned one, d from an unpinned one.
+        let shown = |line: &str| {
+            fast.iter()
+                .any(|(_, shown)| shown.iter().any(|s| s.starts_with(line)))
+        };
+        assert!(shown("ns/e: 10.0.10.4 / False"), "{fast:#?}");
+        assert!(shown("ns/e: 10.0.10.4 fd00:20::1 / True"), "{fast:#?}");
+        assert!(shown("ns/d: 10.0.10.3 / False"), "{fast:#?}");
+        assert!(shown("ns/d: 10.0.10.3 fd00:10:: / True"), "{fast:#?}");
     }
 
     #[tokio::test]

@@ -1160,13 +1160,22 @@ fn freed(
 }
 
 /// What a free address of `family` in `pool` frees: the pool's own key
-/// and its automatic group's.
+/// and its automatic group's, and that group's among Cilium pools if it
+/// is one.
 fn pool_keys(allocator: &Allocator, pool: &str, family: Family) -> impl Iterator<Item = WakeOn> {
-    let group = allocator.auto_group(pool).map(|group| match group {
+    let group = allocator.auto_group(pool);
+    let cilium =
+        (allocator.pool(pool)).is_some_and(|p| p.kind == PoolKind::CiliumLoadBalancerIPPool);
+    let any = group.map(|group| match group {
         AutoGroup::Unpinned => WakeOn::UnpinnedPool(family),
         AutoGroup::Pinned(rules) => WakeOn::PinnedPool(rules, family),
     });
-    std::iter::once(WakeOn::Pool(pool.to_owned(), family)).chain(group)
+    let cilium = group
+        .filter(|_| cilium)
+        .map(|group| WakeOn::CiliumGroup(group, family));
+    std::iter::once(WakeOn::Pool(pool.to_owned(), family))
+        .chain(any)
+        .chain(cilium)
 }
 
 /// A wake also names the places where holders left addresses (or changed
@@ -1378,7 +1387,9 @@ fn wake_on_failure(error: &AllocError, request: &Request<'_>) -> Option<Vec<Wake
 /// leaving an address of that family there or changing its terms) can end
 /// its wait, and all such Services in one pool fail alike. Held
 /// in a Cilium pool, it may get it from the Cilium pools that serve it too
-/// (docs/cilium.md §3.5), which its wait and class then name.
+/// (docs/cilium.md §3.5): its wait and class then name their groups (pools
+/// with equal rules serve the same Services), not each pool, so that its
+/// cost does not grow with the pools.
 fn half_served_wait(
     allocator: &Allocator,
     view: &ServiceView<'_>,
@@ -1392,25 +1403,26 @@ fn half_served_wait(
     let cilium = allocator
         .pool(pool)
         .is_some_and(|p| p.kind == PoolKind::CiliumLoadBalancerIPPool);
-    let others: Vec<String> = match (cilium, view.families) {
+    let groups: Vec<AutoGroup> = match (cilium, view.families) {
         (true, Some(families)) => {
             let requested = view.requested.as_deref().unwrap_or_default();
             let request = view.request(key, families, namespace_labels, requested);
-            allocator
-                .cilium_candidates(&request, missing)
-                .into_iter()
-                .filter(|other| other != pool)
-                .collect()
+            allocator.cilium_groups(&request, missing)
         }
         _ => Vec::new(),
     };
+    let frees = std::iter::once(WakeOn::Pool(pool.to_owned(), missing)).chain(
+        groups
+            .iter()
+            .map(|group| WakeOn::CiliumGroup(*group, missing)),
+    );
     if !view.sharing_key.is_empty() {
         let mut ports = view.ports.to_vec();
         ports.sort();
         let class = class_of(&(
             "half-served",
             pool,
-            &others,
+            &groups,
             format!("{missing}"),
             view.sharing_key,
             &*view.backend_key,
@@ -1420,26 +1432,20 @@ fn half_served_wait(
                 .as_ref()
                 .map(|listed| (view.namespace, listed)),
         ));
-        let wake = std::iter::once(pool.to_owned())
-            .chain(others)
-            .flat_map(|p| {
-                let free = WakeOn::Pool(p, missing);
+        let wake = frees
+            .flat_map(|free| {
                 let regrouped = free.regrouped();
                 std::iter::once(free).chain(regrouped)
             })
             .collect();
         return (Some(class), Some(wake));
     }
-    let class = if others.is_empty() {
+    let class = if groups.is_empty() {
         class_of(&("half-served", pool, format!("{missing}")))
     } else {
-        class_of(&("half-served", pool, &others, format!("{missing}")))
+        class_of(&("half-served", pool, &groups, format!("{missing}")))
     };
-    let wake = std::iter::once(pool.to_owned())
-        .chain(others)
-        .map(|p| WakeOn::Pool(p, missing))
-        .collect();
-    (Some(class), Some(wake))
+    (Some(class), Some(frees.collect()))
 }
 
 /// The Events of a decision itself: the clearing of status addresses no

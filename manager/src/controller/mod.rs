@@ -89,6 +89,12 @@ pub enum WakeOn {
     /// A holder left or joined this address: the holder a refused
     /// Service's message names may be another now.
     Holders(std::net::IpAddr),
+    /// An address of this family in any Cilium pool of this group: where
+    /// a half-served Service held in a Cilium pool may get its other
+    /// family (docs/cilium.md §3.5), one key for all the pools alike.
+    CiliumGroup(allocator::AutoGroup, allocator::Family),
+    /// The same as [`WakeOn::Regrouped`] in any such pool.
+    CiliumRegrouped(allocator::AutoGroup, allocator::Family),
 }
 
 impl WakeOn {
@@ -100,6 +106,7 @@ impl WakeOn {
             WakeOn::Pool(pool, family) => Some(WakeOn::Regrouped(pool.clone(), *family)),
             WakeOn::PinnedPool(rules, family) => Some(WakeOn::PinnedRegrouped(*rules, *family)),
             WakeOn::UnpinnedPool(family) => Some(WakeOn::UnpinnedRegrouped(*family)),
+            WakeOn::CiliumGroup(group, family) => Some(WakeOn::CiliumRegrouped(*group, *family)),
             _ => None,
         }
     }
