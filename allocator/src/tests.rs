@@ -9,6 +9,24 @@ use proptest::prelude::*;
 use crate::spec::{IPAddressPoolSpec, LabelSelectorSpec, ServiceAllocationSpec};
 use crate::*;
 
+/// A Cilium pool of these `cidr` blocks, pinned by `selector` if given.
+fn cilium_spec(
+    cidrs: &[&str],
+    selector: Option<LabelSelectorSpec>,
+) -> crate::cilium::CiliumLoadBalancerIPPoolSpec {
+    crate::cilium::CiliumLoadBalancerIPPoolSpec {
+        blocks: cidrs
+            .iter()
+            .map(|cidr| crate::cilium::CiliumBlock {
+                cidr: Some(cidr.to_string()),
+                ..Default::default()
+            })
+            .collect(),
+        service_selector: selector,
+        ..Default::default()
+    }
+}
+
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
@@ -1443,19 +1461,12 @@ mod cost {
         const P: u32 = 2000;
         let mut a = Allocator::new();
         for p in 0..P {
-            let spec = crate::cilium::CiliumLoadBalancerIPPoolSpec {
-                blocks: vec![crate::cilium::CiliumBlock {
-                    cidr: Some(format!("fd00:{p:x}::/126")),
-                    ..Default::default()
-                }],
-                service_selector: Some(LabelSelectorSpec {
-                    match_labels: [(SERVICE_NAMESPACE_LABEL.to_owned(), format!("ns-{p:05}"))]
-                        .into(),
-                    ..Default::default()
-                }),
+            let selector = LabelSelectorSpec {
+                match_labels: [(SERVICE_NAMESPACE_LABEL.to_owned(), format!("ns-{p:05}"))].into(),
                 ..Default::default()
             };
-            a.set_cilium_pool(&format!("p{p:05}"), &spec);
+            let cidr = format!("fd00:{p:x}::/126");
+            a.set_cilium_pool(&format!("p{p:05}"), &cilium_spec(&[&cidr], Some(selector)));
         }
         let before = a.steps();
         for p in 0..P {
@@ -1479,25 +1490,12 @@ mod cost {
         const P: u32 = 2000;
         let mut a = Allocator::new();
         for p in 0..P {
-            let spec = crate::cilium::CiliumLoadBalancerIPPoolSpec {
-                blocks: vec![crate::cilium::CiliumBlock {
-                    cidr: Some(format!("10.{}.{}.0/30", p / 256, p % 256)),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            };
-            a.set_cilium_pool(&format!("p{p:05}"), &spec);
+            let cidr = format!("10.{}.{}.0/30", p / 256, p % 256);
+            a.set_cilium_pool(&format!("p{p:05}"), &cilium_spec(&[&cidr], None));
         }
         a.set_pool("metallb-v6", &pool_spec(&["fd00:1::/120"]));
         for (name, cidr) in [("v6-b", "fd00:2::/120"), ("v6-a", "fd00:3::/120")] {
-            let spec = crate::cilium::CiliumLoadBalancerIPPoolSpec {
-                blocks: vec![crate::cilium::CiliumBlock {
-                    cidr: Some(cidr.to_owned()),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            };
-            a.set_cilium_pool(name, &spec);
+            a.set_cilium_pool(name, &cilium_spec(&[cidr], None));
         }
         let before = a.steps();
         for p in 0..P {
@@ -2464,7 +2462,6 @@ mod two_pools {
 /// choices are those of the walk over every pinned pool.
 mod pinned_index {
     use super::*;
-    use crate::cilium::{CiliumBlock, CiliumLoadBalancerIPPoolSpec};
     use crate::spec::LabelSelectorRequirementSpec;
 
     use crate::selector::tests::{labels, spec as selector};
@@ -2473,20 +2470,6 @@ mod pinned_index {
         IPAddressPoolSpec {
             service_allocation: Some(allocation),
             ..pool_spec(addresses)
-        }
-    }
-
-    fn cilium(cidrs: &[&str], selector: Option<LabelSelectorSpec>) -> CiliumLoadBalancerIPPoolSpec {
-        CiliumLoadBalancerIPPoolSpec {
-            blocks: cidrs
-                .iter()
-                .map(|cidr| CiliumBlock {
-                    cidr: Some(cidr.to_string()),
-                    ..Default::default()
-                })
-                .collect(),
-            service_selector: selector,
-            ..Default::default()
         }
     }
 
@@ -2556,11 +2539,14 @@ mod pinned_index {
             ),
         );
         let in_dev = selector(&[(SERVICE_NAMESPACE_LABEL, "dev")], &[]);
-        a.set_cilium_pool("f-cilium-dev", &cilium(&["10.6.0.0/30"], Some(in_dev)));
+        a.set_cilium_pool("f-cilium-dev", &cilium_spec(&["10.6.0.0/30"], Some(in_dev)));
         let named = selector(&[], &[(SERVICE_NAME_LABEL, "In", &["x", "y"])]);
-        a.set_cilium_pool("g-cilium-xy", &cilium(&["10.7.0.0/30"], Some(named)));
+        a.set_cilium_pool("g-cilium-xy", &cilium_spec(&["10.7.0.0/30"], Some(named)));
         let labelled = selector(&[], &[("app", "Exists", &[])]);
-        a.set_cilium_pool("h-cilium-app", &cilium(&["10.8.0.0/32"], Some(labelled)));
+        a.set_cilium_pool(
+            "h-cilium-app",
+            &cilium_spec(&["10.8.0.0/32"], Some(labelled)),
+        );
         a.set_pool("z-rest", &pool_spec(&["10.9.0.0/24"]));
         a
     }
@@ -2799,7 +2785,7 @@ mod pinned_index {
             } => {
                 let list = addresses(1, *pool, *dual);
                 let list: Vec<&str> = list.iter().map(String::as_str).collect();
-                let spec = cilium(&list, selector.clone());
+                let spec = cilium_spec(&list, selector.clone());
                 format!(
                     "{:?}",
                     a.set_cilium_pool(&format!("c{pool}"), &spec).released
