@@ -99,6 +99,30 @@ pub(crate) fn is_routine(error: &watcher::Error) -> bool {
     }
 }
 
+/// What a failed list or watch of `kind` means when the API server answers
+/// `404 Not Found` for the whole kind: it is not served, which for a custom
+/// resource means its CRD is not installed. Said in the warning, so that a
+/// host waiting for pools says why rather than only that it retries.
+fn not_served_hint(kind: &str, error: &watcher::Error) -> Option<String> {
+    let status = match error {
+        watcher::Error::WatchError(status) => status,
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status,
+        _ => return None,
+    };
+    if status.code != 404 {
+        return None;
+    }
+    Some(match kind {
+        "IPAddressPool" => "the API server does not serve ipaddresspools.metallb.io (404): \
+             install MetalLB's CRD or kube-watcher's (kubectl apply -k deploy/crd/); \
+             no Service gets an address until the pools are listed"
+            .to_owned(),
+        _ => format!("the API server does not serve {kind} (404)"),
+    })
+}
+
 /// The state of one kind's retries.
 #[derive(Debug)]
 struct Retry {
@@ -174,13 +198,16 @@ impl Retry {
         let remind = self
             .warned
             .is_some_and(|at| now.duration_since(at) >= self.config.remind_every);
+        let why = not_served_hint(self.kind, error)
+            .map(|hint| format!(": {hint}"))
+            .unwrap_or_default();
         if self.warned.is_none() && !routine {
             self.warned = Some(now);
             tracing::warn!(
                 kind = self.kind,
                 %error,
                 retry_in_ms = delay.as_millis(),
-                "watch of {} failed; retrying with backoff up to {}s (further failures at DEBUG, a reminder every {}s)",
+                "watch of {} failed; retrying with backoff up to {}s (further failures at DEBUG, a reminder every {}s){why}",
                 self.kind,
                 self.config.max.as_secs(),
                 self.config.remind_every.as_secs()
@@ -192,7 +219,7 @@ impl Retry {
                 %error,
                 failures = self.failures,
                 failing_for_s = now.duration_since(since).as_secs(),
-                "watch of {} still failing after {} attempts",
+                "watch of {} still failing after {} attempts{why}",
                 self.kind,
                 self.failures
             );
@@ -294,6 +321,29 @@ mod tests {
                 .with_code(410)
                 .boxed(),
         )
+    }
+
+    #[test]
+    fn a_kind_not_served_is_named_with_what_to_install() {
+        let not_found = |code| {
+            watcher::Error::InitialListFailed(kube::Error::Api(
+                kube::core::Status::failure(
+                    "the server could not find the requested resource",
+                    "NotFound",
+                )
+                .with_code(code)
+                .boxed(),
+            ))
+        };
+        let pools = not_served_hint("IPAddressPool", &not_found(404)).unwrap_or_default();
+        assert!(pools.contains("ipaddresspools.metallb.io"), "{pools}");
+        assert!(pools.contains("kubectl apply -k deploy/crd/"), "{pools}");
+        assert_eq!(
+            not_served_hint("Namespace", &not_found(404)).as_deref(),
+            Some("the API server does not serve Namespace (404)")
+        );
+        assert_eq!(not_served_hint("IPAddressPool", &list_failed()), None);
+        assert_eq!(not_served_hint("IPAddressPool", &gone()), None);
     }
 
     #[test]
