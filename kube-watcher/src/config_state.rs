@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::client::FIELD_MANAGER;
 use crate::lease::LeaderGate;
-use crate::pool_status::{Retries, Write, POOL_STATUS_PERIOD};
+use crate::pool_status::{Retries, Write};
 
 /// The API group and version of `ConfigurationState`.
 pub(crate) const API_VERSION: &str = "metallb.io/v1beta1";
@@ -121,8 +121,6 @@ pub(crate) struct ConfigStateWriter {
     shown: Option<Verdict>,
     /// A failed read or write, tried again with backoff.
     retries: Retries,
-    /// The pool status writer's period: the first retry's delay.
-    pub(crate) period: Duration,
 }
 
 impl std::fmt::Debug for ConfigStateWriter {
@@ -146,13 +144,17 @@ impl ConfigStateWriter {
             served: Served::Unknown,
             shown: None,
             retries: Retries::default(),
-            period: POOL_STATUS_PERIOD,
         }
     }
 
     /// Brings the object up to date with `controller`'s rejected pools;
-    /// returns whether its status was written.
-    pub(crate) async fn update(&mut self, controller: &AllocatingController) -> bool {
+    /// returns whether its status was written. `period` is the pool status
+    /// writer's: the first retry's delay after a failure.
+    pub(crate) async fn update(
+        &mut self,
+        controller: &AllocatingController,
+        period: Duration,
+    ) -> bool {
         if !self.gate.is_open() || !self.served().await {
             return false;
         }
@@ -167,7 +169,7 @@ impl ConfigStateWriter {
             match self.read_or_create(&api).await {
                 Ok(shown) => self.shown = Some(shown),
                 Err(error) => {
-                    let (what, period) = (Write::ConfigurationState, self.period);
+                    let what = Write::ConfigurationState;
                     self.retries.failed(what, &id, at, period, &error);
                     return false;
                 }
@@ -193,7 +195,7 @@ impl ConfigStateWriter {
                 true
             }
             Err(error) => {
-                let (what, period) = (Write::ConfigurationState, self.period);
+                let what = Write::ConfigurationState;
                 self.retries.failed(what, &id, at, period, &error);
                 // Read again next time (it may have been deleted).
                 self.shown = None;

@@ -408,7 +408,7 @@ impl PoolStatusWriter {
             .partition(|pool| pool.kind == PoolKind::CiliumLoadBalancerIPPool);
         let wanted = self.metallb_statuses(metallb_stats, metallb_rejected, &now);
         if let Some(config_state) = self.config_state.as_mut() {
-            config_state.update(controller).await;
+            config_state.update(controller, self.period).await;
         }
         let mut count = 0;
         for (name, status, rejection) in wanted {
@@ -731,9 +731,6 @@ impl PoolStatusWriter {
         cancel: CancellationToken,
     ) {
         self.period = period;
-        if let Some(config_state) = self.config_state.as_mut() {
-            config_state.period = period;
-        }
         let mut ticks = tokio::time::interval(period);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {

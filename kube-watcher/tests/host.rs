@@ -6,18 +6,8 @@ use serde_json::json;
 
 use crate::support::apiserver_stub::{ApiServerStub, Kind, Recorded};
 use crate::support::{
-    config, eventually, ingress, namespace, pool, service, settled, LEASE_NAME, LEASE_NAMESPACE,
+    cluster, config, eventually, ingress, service, settled, LEASE_NAME, LEASE_NAMESPACE,
 };
-
-/// A stub with namespace `ns`, pool `default` (192.168.10.0/24) and the
-/// Service `ns/web`.
-async fn cluster() -> ApiServerStub {
-    let stub = ApiServerStub::start().await;
-    stub.create(namespace("ns"));
-    stub.create(pool("default", &["192.168.10.0/24"]));
-    stub.create(service("ns", "web", "10.96.0.1"));
-    stub
-}
 
 fn service_writes(stub: &ApiServerStub, after: u64) -> Vec<Recorded> {
     stub.requests()

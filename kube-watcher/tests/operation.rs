@@ -10,7 +10,7 @@ use tracing_subscriber::EnvFilter;
 use manager::Store as _;
 
 use crate::support::apiserver_stub::{ApiServerStub, Kind};
-use crate::support::{config, eventually, ingress, namespace, pool, service, LogBuffer};
+use crate::support::{cluster, config, eventually, ingress, namespace, pool, service, LogBuffer};
 
 /// Captures this thread's logs at the binary's default level, as text
 /// without colour. With a current-thread runtime every task of the host
@@ -36,10 +36,7 @@ fn lease_requests(stub: &ApiServerStub) -> usize {
 #[tokio::test]
 async fn a_forbidden_lease_is_a_warning_with_the_reason_and_a_metric() {
     let (logs, _guard) = capture();
-    let stub = ApiServerStub::start().await;
-    stub.create(namespace("ns"));
-    stub.create(pool("default", &["192.168.10.0/24"]));
-    stub.create(service("ns", "web", "10.96.0.1"));
+    let stub = cluster().await;
     // No Role for leases: every Lease request is refused.
     stub.fail_next("GET", "/leases/kube-watcher", 403, u32::MAX);
     let host = Host::start(stub.client("a"), config("a"));
@@ -105,6 +102,13 @@ async fn the_election_status_is_logged_at_info() {
     a.shutdown().await;
 }
 
+fn pool_status_writes(stub: &ApiServerStub) -> usize {
+    stub.requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.ends_with("/ipaddresspools/default/status"))
+        .count()
+}
+
 fn service_lists(stub: &ApiServerStub) -> usize {
     stub.requests()
         .iter()
@@ -136,9 +140,7 @@ async fn a_failing_list_backs_off_and_warns_once() {
         (3..=8).contains(&attempts),
         "{attempts} list attempts in 30 s"
     );
-    let warnings = logs.lines_with("watch of Service failed");
-    assert_eq!(warnings.len(), 1, "{}", logs.text());
-    assert!(warnings[0].contains("WARN"), "{}", warnings[0]);
+    logs.assert_warned_once("watch of Service failed");
     assert!(!host.synced().is_synced());
 
     // The API server recovers: the next attempt (at most 30 s away) lists.
@@ -154,30 +156,19 @@ async fn a_failing_list_backs_off_and_warns_once() {
 #[tokio::test(start_paused = true)]
 async fn a_refused_pool_status_write_backs_off_and_warns_once() {
     let (logs, _guard) = capture();
-    let stub = ApiServerStub::start().await;
-    stub.create(namespace("ns"));
-    stub.create(pool("default", &["192.168.10.0/24"]));
-    stub.create(service("ns", "web", "10.96.0.1"));
+    let stub = cluster().await;
     stub.fail_next("PATCH", "/ipaddresspools/default/status", 403, u32::MAX);
     let host = Host::start(stub.client("a"), config("a"));
-    let status_writes = |stub: &ApiServerStub| {
-        stub.requests()
-            .iter()
-            .filter(|r| r.method == "PATCH" && r.path.ends_with("/ipaddresspools/default/status"))
-            .count()
-    };
 
     // The period is 100 ms here: 300 periods, and a try after 1, 2, 4 ...
     // of them.
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let attempts = status_writes(&stub);
+    let attempts = pool_status_writes(&stub);
     assert!(
         (3..=12).contains(&attempts),
         "{attempts} status writes in 30 s"
     );
-    let warnings = logs.lines_with("could not write the pool's status");
-    assert_eq!(warnings.len(), 1, "{}", logs.text());
-    assert!(warnings[0].contains("WARN"), "{}", warnings[0]);
+    logs.assert_warned_once("could not write the pool's status");
 
     // Allowed again: the next try (at most the last wait away) writes it.
     stub.clear_failures();

@@ -645,9 +645,7 @@ mod families {
             h.cilium_pool(&format!("c6-{p:03}"), blocks(&[block.as_str()]))
                 .await;
         }
-        let prefer = |key: &str| {
-            require_dual(key).set(&["spec", "ipFamilyPolicy"], json!("PreferDualStack"))
-        };
+        let prefer = |key: &str| svc(key).dual("PreferDualStack", false);
         for p in 0..P {
             h.add(prefer(&format!("ns/full-{p:03}"))).await;
         }

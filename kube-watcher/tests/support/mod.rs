@@ -28,6 +28,16 @@ pub(crate) fn config(identity: &str) -> HostConfig {
     config
 }
 
+/// A stub with namespace `ns`, pool `default` (192.168.10.0/24) and the
+/// Service `ns/web`.
+pub(crate) async fn cluster() -> apiserver_stub::ApiServerStub {
+    let stub = apiserver_stub::ApiServerStub::start().await;
+    stub.create(namespace("ns"));
+    stub.create(pool("default", &["192.168.10.0/24"]));
+    stub.create(service("ns", "web", "10.96.0.1"));
+    stub
+}
+
 pub(crate) fn namespace(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 }
@@ -97,6 +107,13 @@ impl LogBuffer {
             .filter(|line| line.contains(needle))
             .map(str::to_owned)
             .collect()
+    }
+
+    /// Asserts that one line has `needle`, and that it is a WARN.
+    pub(crate) fn assert_warned_once(&self, needle: &str) {
+        let warnings = self.lines_with(needle);
+        assert_eq!(warnings.len(), 1, "{}", self.text());
+        assert!(warnings[0].contains("WARN"), "{}", warnings[0]);
     }
 }
 

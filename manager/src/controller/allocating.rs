@@ -1164,14 +1164,15 @@ fn freed(
 /// is one.
 fn pool_keys(allocator: &Allocator, pool: &str, family: Family) -> impl Iterator<Item = WakeOn> {
     let group = allocator.auto_group(pool);
-    let cilium =
-        (allocator.pool(pool)).is_some_and(|p| p.kind == PoolKind::CiliumLoadBalancerIPPool);
     let any = group.map(|group| match group {
         AutoGroup::Unpinned => WakeOn::UnpinnedPool(family),
         AutoGroup::Pinned(rules) => WakeOn::PinnedPool(rules, family),
     });
+    let is_cilium = |_: &AutoGroup| {
+        (allocator.pool(pool)).is_some_and(|p| p.kind == PoolKind::CiliumLoadBalancerIPPool)
+    };
     let cilium = group
-        .filter(|_| cilium)
+        .filter(is_cilium)
         .map(|group| WakeOn::CiliumGroup(group, family));
     std::iter::once(WakeOn::Pool(pool.to_owned(), family))
         .chain(any)
@@ -1423,7 +1424,7 @@ fn half_served_wait(
             "half-served",
             pool,
             &groups,
-            format!("{missing}"),
+            missing,
             view.sharing_key,
             &*view.backend_key,
             ports,
@@ -1440,11 +1441,7 @@ fn half_served_wait(
             .collect();
         return (Some(class), Some(wake));
     }
-    let class = if groups.is_empty() {
-        class_of(&("half-served", pool, format!("{missing}")))
-    } else {
-        class_of(&("half-served", pool, &groups, format!("{missing}")))
-    };
+    let class = class_of(&("half-served", pool, &groups, missing));
     (Some(class), Some(frees.collect()))
 }
 
