@@ -1453,8 +1453,8 @@ mod cost {
     }
 
     /// Where a half-served Service held in a Cilium pool waits
-    /// (`cilium_candidates`), with P Cilium pools each pinned to its own
-    /// namespace: the pools its namespace leads to, found by the index (a
+    /// (`cilium_groups`), with P Cilium pools each pinned to its own
+    /// namespace: the group its namespace leads to, found by the index (a
     /// walk over every automatic pool took P steps per Service).
     #[test]
     fn the_cilium_pools_a_half_served_service_waits_on_come_from_the_index() {
