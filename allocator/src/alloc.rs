@@ -1231,6 +1231,17 @@ impl Allocator {
         self.pools.get(name).map(|state| &*state.pool)
     }
 
+    /// The ranges of every pool object named `name` that parses, of either
+    /// kind, accepted or not: every address that pool name may serve now,
+    /// or did before a change to another pool's acceptance.
+    pub fn ranges_named(&self, name: &str) -> Vec<AddrRange> {
+        self.objects
+            .iter()
+            .filter_map(|objects| objects.get(name)?.parsed.as_ref().ok())
+            .flat_map(|pool| pool.ranges.iter().copied())
+            .collect()
+    }
+
     /// Recomputes acceptance of every pool in creation order (each against
     /// those accepted before it) and places again the holdings of every pool
     /// whose definition or acceptance changed. `name` is the pool whose

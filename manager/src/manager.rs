@@ -19,7 +19,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::controller::{Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState, WakeOn};
+use crate::controller::{
+    Controller, Reconsider, RestoreOutcome, SyncOutcome, SyncState, Touched, WakeOn,
+};
 use crate::Store;
 
 /// The hasher of the queue's maps: keys are the cluster's own object names,
@@ -180,6 +182,20 @@ struct Class {
     wake_on: Option<Vec<WakeOn>>,
 }
 
+/// Whether a class waits on some changes of configuration alone
+/// ([`WakeOn::PoolChanged`] and the like): another change leaves it out.
+fn parked(wake_on: &Option<Vec<WakeOn>>) -> bool {
+    let change = |key: &WakeOn| {
+        matches!(
+            key,
+            WakeOn::PoolChanged(_) | WakeOn::PoolCovering(_) | WakeOn::NamespaceChanged(_)
+        )
+    };
+    wake_on
+        .as_ref()
+        .is_some_and(|keys| !keys.is_empty() && keys.iter().all(change))
+}
+
 /// The Services waiting for an address (docs/allocation.md §4.6), in
 /// waiting order, indexed by what can end their wait (§4.9).
 ///
@@ -190,12 +206,18 @@ struct Class {
 /// run: a delete costs a reconciliation per class, not per waiting Service.
 /// And a class that waits for something in particular (a free address of
 /// a family in a pool, an address) is woken only by a release that frees
-/// it: an unrelated delete costs nothing per waiting Service.
+/// it: an unrelated delete costs nothing per waiting Service. One that
+/// waits on a change of configuration alone (of a pool it asked for, say)
+/// is looked at only after such a change: a change of another pool costs
+/// nothing per such Service.
 #[derive(Debug, Default)]
 struct Waiting {
     /// key → (waiting since, class).
     entries: HashMap<String, (u64, ClassId), FastHash>,
     classes: HashMap<ClassId, Class, FastHash>,
+    /// The classes that do not wait on a pool change alone (see
+    /// [`parked`]).
+    unparked: HashSet<ClassId, FastHash>,
     /// Classes woken by every delete or release.
     on_any: HashSet<ClassId, FastHash>,
     /// Classes woken by a release that frees this.
@@ -224,6 +246,9 @@ impl Waiting {
         });
         if class.members.is_empty() {
             class.wake_on = wake_on;
+            if !parked(&class.wake_on) {
+                self.unparked.insert(id);
+            }
             match &class.wake_on {
                 None => {
                     self.on_any.insert(id);
@@ -251,6 +276,7 @@ impl Waiting {
             return;
         }
         if let Some(class) = self.classes.remove(&id) {
+            self.unparked.remove(&id);
             match class.wake_on {
                 None => {
                     self.on_any.remove(&id);
@@ -278,6 +304,21 @@ impl Waiting {
             .collect();
         keys.sort_unstable();
         keys.into_iter().map(|(_, key)| key.clone()).collect()
+    }
+
+    /// The waiting Services a pool or Namespace change may serve: every one
+    /// but those waiting on other `changes` (`None`: every one). Costs the
+    /// number of those returned, not of waiting Services.
+    fn served_by_change(&self, changes: Option<&[WakeOn]>) -> Vec<String> {
+        let Some(changes) = changes else {
+            return self.entries.keys().cloned().collect();
+        };
+        // Only a parked class is keyed on a change.
+        let parked = changes.iter().filter_map(|change| self.on_key.get(change));
+        let ids = self.unparked.iter().chain(parked.flatten());
+        ids.filter_map(|id| self.classes.get(id))
+            .flat_map(|class| class.members.values().cloned())
+            .collect()
     }
 
     /// What a release that frees `freed` wakes first: the first of each
@@ -551,10 +592,11 @@ impl State {
 
     /// `touched` and every busy Service, known ones only, in first-seen
     /// order.
-    fn touched_in_order(&self, touched: Vec<String>) -> Vec<String> {
+    fn touched_in_order(&self, touched: Touched) -> Vec<String> {
         let mut keys: Vec<(u64, String)> = touched
+            .services
             .into_iter()
-            .chain(self.busy_services())
+            .chain(self.busy_services(touched.changes.as_deref()))
             .filter_map(|key| Some((*self.first_seen.get(&key)?, key)))
             .collect();
         keys.sort_unstable();
@@ -562,8 +604,10 @@ impl State {
         keys.into_iter().map(|(_, key)| key).collect()
     }
 
-    /// The Services queued, in flight, woken, waiting or due for a retry.
-    fn busy_services(&self) -> HashSet<String> {
+    /// The Services queued, in flight, woken, waiting (but on other changes
+    /// than `changes`, see [`Waiting::served_by_change`]) or due for a
+    /// retry.
+    fn busy_services(&self, changes: Option<&[WakeOn]>) -> HashSet<String> {
         let keys = self
             .queue
             .iter()
@@ -574,7 +618,7 @@ impl State {
             QueueKey::Pool(_) | QueueKey::CiliumPool(_) | QueueKey::Namespace(_) => None,
         });
         services
-            .chain(self.waiting.entries.keys().cloned())
+            .chain(self.waiting.served_by_change(changes))
             .chain(self.woken.keys().cloned())
             .collect()
     }
@@ -1040,7 +1084,7 @@ mod tests {
         /// Keys whose updates the fake calls settled.
         settled_updates: Mutex<HashSet<String>>,
         /// Keys the fake calls settled without a look after a change.
-        touched: Mutex<Option<Vec<String>>>,
+        touched: Mutex<Option<Touched>>,
         gate: Mutex<Option<(String, Arc<Semaphore>)>>,
         entered: Notify,
     }
@@ -1118,7 +1162,7 @@ mod tests {
             self.settled_updates.lock().unwrap().contains(key)
         }
 
-        fn touched_by_change(&self) -> Option<Vec<String>> {
+        fn touched_by_change(&self) -> Option<Touched> {
             self.touched.lock().unwrap().clone()
         }
     }
@@ -1659,7 +1703,7 @@ mod tests {
             h.add(key, true).await;
         }
         // The change touches none of them.
-        *h.fake.touched.lock().unwrap() = Some(Vec::new());
+        *h.fake.touched.lock().unwrap() = Some(Touched::default());
         // Not at sync: every Service is restored.
         let worker = h.start();
         h.manager.mark_synced();
@@ -1939,6 +1983,54 @@ mod tests {
             .is_err());
         h.manager.idle().await;
         assert!(h.take_calls().is_empty());
+    }
+
+    #[test]
+    fn a_change_looks_at_the_waiting_parked_on_it_and_every_other_waiting() {
+        let mut waiting = Waiting::default();
+        let pool = |name: &str| WakeOn::PoolChanged(name.to_owned());
+        let namespace = WakeOn::NamespaceChanged("ns".to_owned());
+        waiting.insert(
+            "ns/a1",
+            1,
+            Some(7),
+            Some(vec![pool("a"), namespace.clone()]),
+        );
+        waiting.insert(
+            "ns/a2",
+            2,
+            Some(7),
+            Some(vec![pool("a"), namespace.clone()]),
+        );
+        waiting.insert("ns/b", 3, None, Some(vec![pool("b"), namespace.clone()]));
+        waiting.insert(
+            "ns/full",
+            4,
+            None,
+            Some(vec![WakeOn::UnpinnedPool(allocator::Family::V4)]),
+        );
+        waiting.insert("ns/any", 5, None, None);
+        waiting.insert("ns/config", 6, None, Some(Vec::new()));
+        let served = |waiting: &Waiting, changes: Option<&[WakeOn]>| {
+            let mut keys = waiting.served_by_change(changes);
+            keys.sort();
+            keys
+        };
+        let others = ["ns/any", "ns/config", "ns/full"];
+        assert_eq!(served(&waiting, Some(&[])), others);
+        assert_eq!(
+            served(&waiting, Some(&[pool("a")])),
+            ["ns/a1", "ns/a2", "ns/any", "ns/config", "ns/full"]
+        );
+        assert_eq!(served(&waiting, Some(&[namespace])).len(), 6);
+        assert_eq!(served(&waiting, None).len(), 6);
+        // Leaving, the last of a class takes its keys along.
+        waiting.remove("ns/a1");
+        waiting.remove("ns/a2");
+        assert_eq!(served(&waiting, Some(&[pool("a")])), others);
+        assert!(!waiting.on_key.contains_key(&pool("a")));
+        waiting.remove("ns/any");
+        assert!(waiting.unparked.len() == 2 && waiting.on_any.is_empty());
     }
 
     #[test]

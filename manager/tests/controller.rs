@@ -1891,6 +1891,173 @@ mod cost {
         assert_eq!(h.status("ns/s7"), "10.1.0.9 @p0009");
     }
 
+    /// N Services each naming a pool that does not exist yet, then the N
+    /// pools added one by one: each pool change looks at the Services that
+    /// named it, not at every waiting one (the old code restored and ran
+    /// all that still waited on each change: about N² in all). Each gets
+    /// its pool's address as it comes.
+    #[tokio::test(flavor = "current_thread")]
+    async fn services_waiting_for_the_pool_they_name_cost_nothing_per_other_pool() {
+        let h = Harness::with_pools(&[]).await;
+        for i in 0..N {
+            h.add(svc(&format!("ns/s{i}")).in_pool(&format!("p{i:04}")))
+                .await;
+        }
+        assert_eq!(h.waiting().len(), N);
+        let added = work_of_adding_pools(&h).await;
+        assert!(added <= 3 * N as u64, "{added}");
+        assert!(h.waiting().is_empty());
+        for i in [0, 7, N - 1] {
+            let address = format!("10.1.{}.{}", i / 256, i % 256);
+            assert_eq!(h.status(&format!("ns/s{i}")), format!("{address} @p{i:04}"));
+        }
+    }
+
+    /// The same for N Services each asking for an address outside every
+    /// pool: a pool change looks at those asking for one of its addresses
+    /// (before or after the change) alone.
+    #[tokio::test(flavor = "current_thread")]
+    async fn services_asking_for_an_address_outside_the_pools_cost_nothing_per_other_pool() {
+        let h = Harness::with_pools(&[]).await;
+        for i in 0..N {
+            let address = format!("10.1.{}.{}", i / 256, i % 256);
+            h.add(svc(&format!("ns/s{i}")).request(&address)).await;
+        }
+        assert_eq!(h.waiting().len(), N);
+        let added = work_of_adding_pools(&h).await;
+        assert!(added <= 3 * N as u64, "{added}");
+        assert!(h.waiting().is_empty());
+        assert_eq!(h.status("ns/s9"), "10.1.0.9 @p0009");
+        // A pool that drops an address: its Service waits again, and
+        // comes back with the pool that takes the address in.
+        h.pool("p0009", addrs(&["10.2.0.9/32"])).await;
+        assert_eq!(h.status("ns/s9"), "none");
+        h.pool("q", addrs(&["10.1.0.9/32"])).await;
+        assert_eq!(h.status("ns/s9"), "10.1.0.9 @q");
+    }
+
+    /// The same for N Services, each in its own Namespace, naming a pool
+    /// that serves Namespaces labelled `env: prod`: labelling a Namespace
+    /// looks at the Services in it alone.
+    #[tokio::test(flavor = "current_thread")]
+    async fn services_refused_for_their_namespace_cost_nothing_per_other_namespace() {
+        let h = env_prod_and_a("10.1.0.0/16").await;
+        for i in 0..N {
+            h.add(svc(&format!("n{i}/s")).in_pool("prod")).await;
+        }
+        assert_eq!(h.waiting().len(), N);
+        let before = work(&h);
+        for i in 0..N {
+            h.namespace(&format!("n{i}"), &[("env", "prod")]).await;
+        }
+        assert!(work(&h) - before <= 3 * N as u64, "{}", work(&h) - before);
+        assert!(h.waiting().is_empty());
+        assert_eq!(h.status("n0/s"), "10.1.0.0 @prod");
+        assert_eq!(h.status(&format!("n{}/s", N - 1)), "10.1.1.143 @prod");
+    }
+
+    type Step = (Vec<Record>, Vec<String>);
+
+    const PARKED: [&str; 7] = [
+        "ns/s1", "ns/s2", "team/s3", "ns/s4", "ns/s5", "ns/s6", "ns/s7",
+    ];
+
+    fn step(h: &Harness) -> Step {
+        let shown = PARKED
+            .iter()
+            .filter(|key| h.store.service(key).is_some())
+            .map(|key| format!("{key}: {} / {}", h.status(key), h.condition(key)))
+            .collect();
+        (h.take(), shown)
+    }
+
+    /// Services that failed for the configuration alone (a pool unknown,
+    /// rejected, of Cilium, not serving their Namespace; an address outside
+    /// every pool, or in another pool than the one named), through changes
+    /// of other pools, of the pools they wait on, of a pool whose
+    /// acceptance another's delete changes, and of their Namespace.
+    async fn parked_steps(config: ControllerConfig) -> Vec<Step> {
+        let h = Harness::unsynced(config);
+        let mut steps = Vec::new();
+        let prod = json!({
+            "addresses": ["10.0.3.0/30"],
+            "serviceAllocation": {"namespaceSelectors": [{"matchLabels": {"env": "prod"}}]},
+        });
+        h.pool("a", addrs(&["10.0.0.0/29"])).await;
+        h.pool("prod", prod).await;
+        h.cilium_pool("cp", support::blocks(&["10.0.5.0/30"])).await;
+        h.sync().await;
+        steps.push(step(&h));
+        h.add(svc("ns/s1").in_pool("late")).await;
+        h.add(svc("ns/s2").request("10.9.0.1")).await;
+        h.add(svc("team/s3").in_pool("prod")).await;
+        h.add(svc("ns/s4").in_pool("b").request("10.0.0.1")).await;
+        h.add(svc("ns/s5").in_pool("cp")).await;
+        h.add(svc("ns/s6").in_pool("m")).await;
+        h.add(svc("ns/s7").in_pool("a").request("10.0.9.1")).await;
+        steps.push(step(&h));
+        for (name, range) in [("other", "10.0.7.0/30"), ("late", "10.0.8.0/30")] {
+            h.pool(name, addrs(&[range])).await;
+            steps.push(step(&h));
+        }
+        h.pool("x", addrs(&["10.9.0.0/30"])).await;
+        steps.push(step(&h));
+        h.namespace("team", &[("env", "dev")]).await;
+        steps.push(step(&h));
+        h.namespace("team", &[("env", "prod")]).await;
+        steps.push(step(&h));
+        h.pool("b", addrs(&["10.0.10.0/30"])).await;
+        steps.push(step(&h));
+        h.pool("a", addrs(&["10.0.1.0/29", "10.0.9.0/30"])).await;
+        steps.push(step(&h));
+        h.pool("b", addrs(&["10.0.0.0/30"])).await;
+        steps.push(step(&h));
+        // m overlaps the older Cilium pool cm: rejected until cm goes.
+        h.cilium_pool("cm", support::blocks(&["10.0.6.0/30"])).await;
+        h.pool("m", addrs(&["10.0.6.0/31"])).await;
+        steps.push(step(&h));
+        h.delete_cilium_pool("cm").await;
+        steps.push(step(&h));
+        h.delete_cilium_pool("cp").await;
+        h.pool("cp", addrs(&["10.0.11.0/30"])).await;
+        steps.push(step(&h));
+        h.delete_pool("late").await;
+        steps.push(step(&h));
+        steps
+    }
+
+    #[tokio::test]
+    async fn parked_waits_give_the_same_result_without_shortcuts() {
+        let fast = parked_steps(ControllerConfig::default()).await;
+        let exhaustive = ControllerConfig {
+            exhaustive: true,
+            ..ControllerConfig::default()
+        };
+        let full = parked_steps(exhaustive).await;
+        for (i, (a, b)) in fast.iter().zip(&full).enumerate() {
+            assert_eq!(
+                a, b,
+                "step {i} differs (left: shortcuts, right: exhaustive)"
+            );
+        }
+        assert_eq!(fast.len(), full.len());
+        // Each got an address once what it waited on changed; the last
+        // step took s1's pool away again.
+        for key in PARKED {
+            let served = format!("{key}: 10.");
+            assert!(
+                fast.iter()
+                    .any(|(_, shown)| shown.iter().any(|s| s.starts_with(&served))),
+                "{key} never got an address: {fast:#?}"
+            );
+        }
+        let last = &fast.last().unwrap().1;
+        assert!(
+            last[0].starts_with("ns/s1: none / False UnknownPool"),
+            "{last:#?}"
+        );
+    }
+
     /// Deletes from one big sharing group: a delete asks whether the
     /// address it left is still held, not who holds it (the old code
     /// listed every other holder on each delete: N² in all).

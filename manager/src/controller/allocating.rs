@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use allocator::{
-    AllocError, Allocator, AutoGroup, Family, FamilyPolicy, Holding as AllocatorHolding,
+    AddrRange, AllocError, Allocator, AutoGroup, Family, FamilyPolicy, Holding as AllocatorHolding,
     PoolChange, PoolKind, Port, Request, SharingNamespaces,
 };
 use async_trait::async_trait;
@@ -22,11 +22,14 @@ use subscriber::{CiliumLoadBalancerIPPool, IPAddressPool};
 use tracing::{debug, info, warn};
 
 use super::decide::{decide, incomplete, CiliumUnsatisfied, Decision, Failure, Input, Outcome};
+use super::parked::{parked_on, ParkedKeys};
 use super::service::{
     is_ours, parse_status, same_but_written, status_ip_strings, status_shows, status_texts,
     ServiceView, SharingAcrossNamespaces, NO_LABELS,
 };
-use super::{Controller, Reconsider, RestoreOutcome, Shortcuts, SyncOutcome, SyncState, WakeOn};
+use super::{
+    Controller, Reconsider, RestoreOutcome, Shortcuts, SyncOutcome, SyncState, Touched, WakeOn,
+};
 use crate::client::{
     pool_annotation, CiliumConditionChange, Client, ConditionKind, Event, EventType,
     ServiceCondition, ServiceWrite,
@@ -152,8 +155,13 @@ struct State {
     last_warning: HashMap<String, (String, String, String), FastHash>,
     /// The keys of `last_warning` whose Warning is a failure's, not an
     /// invalid request's: a pool or Namespace change never makes a request
-    /// valid, so only these may announce otherwise after one.
+    /// valid, so only these may announce otherwise after one. But not
+    /// those in `parked`.
     warned_failing: HashSet<String, FastHash>,
+    /// The Services whose last reconciliation failed for the configuration
+    /// alone ([`parked_on`]), by the changes that may end that: only those
+    /// may let them announce otherwise.
+    parked: ParkedKeys,
     namespace_labels: HashMap<String, BTreeMap<String, String>, FastHash>,
     /// Status addresses the restore pass released and announced
     /// (`ClearAssignment`), so the second pass does not announce them again.
@@ -161,10 +169,10 @@ struct State {
     /// Services that stopped being ours and whose clearing write has not
     /// gone through yet.
     owed_clears: HashSet<String, FastHash>,
-    /// The Services the last pool or Namespace change may have touched
-    /// (see `touched_by_change`). `None` at sync, when any pool may serve
+    /// What the last pool or Namespace change may have touched (see
+    /// `touched_by_change`). `None` at sync, when any pool may serve
     /// otherwise.
-    touched: Option<Vec<String>>,
+    touched: Option<Touched>,
     /// The `CiliumLoadBalancerIPPool` objects that exist (accepted or
     /// not): while there is one, Services carry Cilium's condition
     /// (docs/cilium.md §3.6).
@@ -599,7 +607,10 @@ impl AllocatingController {
         );
         state.unsettled.set_half_served(key, half_served);
         let mut events = decision_events(&decision, announced_clear.as_ref(), &status);
-        let warned = announce_warning(state, key, service, &decision.outcome, &mut events);
+        let parked = parked_changes(&decision.outcome, &view, key);
+        state.parked.set(key, parked.as_deref());
+        let parked = parked.is_some();
+        let warned = announce_warning(state, key, service, &decision.outcome, parked, &mut events);
         let after = state.allocator.holding(key);
         let write = self.write_for(
             state,
@@ -686,6 +697,7 @@ impl AllocatingController {
         let released = state.allocator.release(key);
         state.unsettled.set_half_served(key, false);
         state.forget_warning(key);
+        state.parked.remove(key);
         // What we wrote is cleared when we held it (and, if that write
         // fails, until it goes through), or (after a restart) when the
         // Service is no LoadBalancer at all any more; a LoadBalancer of
@@ -866,6 +878,7 @@ fn plan_delete(state: &mut State, key: &str) -> Plan {
     let released = state.allocator.release(key);
     state.unsettled.set_half_served(key, false);
     state.forget_warning(key);
+    state.parked.remove(key);
     state.owed_clears.remove(key);
     let mut outcome = SyncOutcome::success();
     outcome.wake_waiting = true;
@@ -883,11 +896,13 @@ fn sharing_of(allocator: &Allocator, key: &str) -> Option<(String, Vec<Port>)> {
 
 /// Announces a failure once, not on every reconciliation (§4.7): pushes
 /// its Warning unless the same one was the last; returns whether it did.
+/// `parked`: the failure waits on a change of configuration alone.
 fn announce_warning(
     state: &mut State,
     key: &str,
     service: &Service,
     outcome: &Outcome,
+    parked: bool,
     events: &mut Vec<Event>,
 ) -> bool {
     let warning = match outcome {
@@ -900,13 +915,15 @@ fn announce_warning(
     };
     let uid = service.metadata.uid.clone().unwrap_or_default();
     let signature = (uid, warning.reason.clone(), warning.message.clone());
+    // Filed by what may end the failure, even when announced before: the
+    // same words may come from another request.
+    if warning.reason != reason::LOAD_BALANCER_FAILED && !parked {
+        state.warned_failing.insert(key.to_owned());
+    } else {
+        state.warned_failing.remove(key);
+    }
     if state.last_warning.get(key) == Some(&signature) {
         return false;
-    }
-    if warning.reason == reason::LOAD_BALANCER_FAILED {
-        state.warned_failing.remove(key);
-    } else {
-        state.warned_failing.insert(key.to_owned());
     }
     state.last_warning.insert(key.to_owned(), signature);
     events.push(warning);
@@ -1126,12 +1143,25 @@ fn failure_wait(
             };
             let requested = view.requested.as_deref().unwrap_or_default();
             let request = view.request(key, families, &NO_LABELS, requested);
-            (
-                demand_class(error, &request),
-                wake_on_failure(error, &request),
-            )
+            let class = demand_class(error, &request);
+            match parked_on(error, &request) {
+                // A class has one wake: this one names the namespace.
+                Some(changes) => (class.map(|c| class_of(&(c, view.namespace))), Some(changes)),
+                None => (class, wake_on_failure(error, &request)),
+            }
         }
     }
+}
+
+/// The changes of configuration that alone can end the failure `outcome`,
+/// if any (see [`parked_on`]).
+fn parked_changes(outcome: &Outcome, view: &ServiceView<'_>, key: &str) -> Option<Vec<WakeOn>> {
+    let (Outcome::Fails(Failure::Allocation(error)), Some(families)) = (outcome, view.families)
+    else {
+        return None;
+    };
+    let requested = view.requested.as_deref().unwrap_or_default();
+    parked_on(error, &view.request(key, families, &NO_LABELS, requested))
 }
 
 /// What releasing `before` (keeping `after`) freed: each address no
@@ -1202,35 +1232,69 @@ fn add_regrouped(outcome: &mut SyncOutcome, allocator: &mut Allocator) {
     outcome.freed.dedup();
 }
 
-/// The Services a pool change may have touched: those it released, those
-/// holding addresses in the pools it changed, and those with a failure's
-/// Warning, an announced clearing or an owed clear pending.
-fn touched_by(state: &State, change: &PoolChange) -> Vec<String> {
-    let mut touched: Vec<String> = change.released.iter().map(|r| r.key.clone()).collect();
+/// What the change of the pool `name` (whose ranges were `before`) may
+/// have touched: the Services it released, those holding addresses in the
+/// pools it changed, those with a failure's Warning, an announced clearing
+/// or an owed clear pending, and those that failed for the configuration
+/// alone and asked for one of the pools it changed or one of their
+/// addresses, before or after.
+fn touched_by(state: &State, name: &str, before: &[AddrRange], change: &PoolChange) -> Touched {
+    let mut services: Vec<String> = change.released.iter().map(|r| r.key.clone()).collect();
     for pool in &change.changed {
-        touched.extend(state.allocator.holders_in(pool));
+        services.extend(state.allocator.holders_in(pool));
     }
-    touched.extend(pending_announcements(state));
-    touched
+    let mut pools: Vec<&str> = std::iter::once(name)
+        .chain(change.changed.iter().map(String::as_str))
+        .chain(change.rejected.iter().map(|r| r.name.as_str()))
+        .collect();
+    pools.sort_unstable();
+    pools.dedup();
+    let mut ranges = before.to_vec();
+    for pool in &pools {
+        ranges.extend(state.allocator.ranges_named(pool));
+    }
+    let mut changes = state.parked.covering(&ranges);
+    changes.extend(
+        pools
+            .iter()
+            .map(|pool| WakeOn::PoolChanged((*pool).to_owned())),
+    );
+    services.extend(pending_announcements(state));
+    for change in &changes {
+        services.extend(state.parked.on(change).cloned());
+    }
+    Touched {
+        services,
+        changes: Some(changes),
+    }
 }
 
-/// The Services a change of a Namespace's labels may have touched: those
-/// holding addresses in it if the change matters to a pool (`name`), and
-/// those with a failure's Warning, an announced clearing or an owed clear
-/// pending (as for a pool change).
-fn touched_by_namespace(state: &mut State, name: Option<&str>) -> Vec<String> {
-    let mut touched = name
-        .map(|name| state.allocator.holders_in_namespace(name))
-        .unwrap_or_default();
-    touched.extend(pending_announcements(state));
-    touched
+/// What a change of the labels of the Namespace `name` may have touched:
+/// the Services holding addresses in it if the change `matters` to a
+/// pool, those with a failure's Warning, an announced clearing or an owed
+/// clear pending (as for a pool change), and those in it that failed for
+/// the configuration alone.
+fn touched_by_namespace(state: &mut State, name: &str, matters: bool) -> Touched {
+    let mut services = if matters {
+        state.allocator.holders_in_namespace(name)
+    } else {
+        Vec::new()
+    };
+    let change = WakeOn::NamespaceChanged(name.to_owned());
+    services.extend(pending_announcements(state));
+    services.extend(state.parked.on(&change).cloned());
+    Touched {
+        services,
+        changes: Some(vec![change]),
+    }
 }
 
-/// The Services with a failure's Warning, an announced clearing or an owed
-/// clear pending: a change may let their next reconciliation announce
-/// otherwise. One whose request is invalid is left out: it holds what it
-/// held (touched as a holder if its pool or Namespace changed), and is
-/// refused for its request alone, again and alike.
+/// The Services with a failure's Warning (but one parked, see
+/// [`parked_on`]), an announced clearing or an owed clear pending: a change
+/// may let their next reconciliation announce otherwise. One whose request
+/// is invalid is left out: it holds what it held (touched as a holder if
+/// its pool or Namespace changed), and is refused for its request alone,
+/// again and alike.
 fn pending_announcements(state: &State) -> impl Iterator<Item = String> + '_ {
     let warned = state.warned_failing.iter().cloned();
     let cleared = state.announced_clears.keys().cloned();
@@ -1563,7 +1627,7 @@ impl Shortcuts for AllocatingController {
             .is_some_and(|(_, ips)| state.allocator.can_keep(&request, ips).is_ok())
     }
 
-    fn touched_by_change(&self) -> Option<Vec<String>> {
+    fn touched_by_change(&self) -> Option<Touched> {
         if self.config.exhaustive {
             return None;
         }
@@ -1596,6 +1660,7 @@ impl Controller for AllocatingController {
     async fn set_pool(&self, name: &str, pool: Option<&IPAddressPool>) -> SyncOutcome {
         let change = {
             let mut state = self.lock();
+            let before = state.allocator.ranges_named(name);
             let change = match pool {
                 Some(pool) => {
                     let created = created_of(&pool.metadata);
@@ -1603,7 +1668,7 @@ impl Controller for AllocatingController {
                 }
                 None => state.allocator.remove_pool(name),
             };
-            let touched = touched_by(&state, &change);
+            let touched = touched_by(&state, name, &before, &change);
             state.touched = Some(touched);
             change
         };
@@ -1618,6 +1683,7 @@ impl Controller for AllocatingController {
         let change = {
             let mut state = self.lock();
             let was_active = self.cilium_active(&state);
+            let before = state.allocator.ranges_named(name);
             let change = match pool {
                 Some(pool) => {
                     state.cilium_pools.insert(name.to_owned());
@@ -1631,17 +1697,14 @@ impl Controller for AllocatingController {
                     state.allocator.remove_cilium_pool(name)
                 }
             };
-            let mut touched = touched_by(&state, &change);
+            let mut touched = touched_by(&state, name, &before, &change);
             if was_active != self.cilium_active(&state) {
                 // Cilium's condition comes or goes on every Service.
-                touched = state
-                    .allocator
-                    .holdings()
-                    .into_iter()
-                    .map(|(key, _)| key)
-                    .collect();
-                touched.extend(touched_by(&state, &change));
-                touched.extend(state.last_warning.keys().cloned());
+                let holders = state.allocator.holdings().into_iter().map(|(key, _)| key);
+                touched.services.extend(holders);
+                touched.services.extend(state.last_warning.keys().cloned());
+                touched.services.extend(state.parked.keys().cloned());
+                touched.changes = None;
             }
             state.touched = Some(touched);
             change
@@ -1672,7 +1735,7 @@ impl Controller for AllocatingController {
                 let matters = state
                     .allocator
                     .namespace_labels_matter(name, &previous, &labels);
-                let touched = touched_by_namespace(&mut state, matters.then_some(name));
+                let touched = touched_by_namespace(&mut state, name, matters);
                 state.touched = Some(touched);
             }
             changed

@@ -8,6 +8,7 @@ use subscriber::{CiliumLoadBalancerIPPool, IPAddressPool};
 mod allocating;
 mod decide;
 mod explain;
+mod parked;
 mod service;
 
 pub use allocating::{AllocatingController, ControllerConfig, ControllerStats, ServiceHolding};
@@ -95,6 +96,18 @@ pub enum WakeOn {
     CiliumGroup(allocator::AutoGroup, allocator::Family),
     /// The same as [`WakeOn::Regrouped`] in any such pool.
     CiliumRegrouped(allocator::AutoGroup, allocator::Family),
+    /// A change of this pool: for a Service that failed for the
+    /// configuration alone (docs/allocation.md §4.6), no release and no
+    /// change of another pool can end the wait, but one of the pool it
+    /// asked for, of a pool with an address it asked for
+    /// ([`WakeOn::PoolCovering`]) or of its Namespace's labels
+    /// ([`WakeOn::NamespaceChanged`]). These three are never freed by a
+    /// release.
+    PoolChanged(String),
+    /// A change of a pool that has (or had) this address.
+    PoolCovering(std::net::IpAddr),
+    /// A change of this Namespace's labels.
+    NamespaceChanged(String),
 }
 
 impl WakeOn {
@@ -215,11 +228,26 @@ pub trait Shortcuts {
     /// may have touched (those it released, those holding addresses in the
     /// pools it changed, those with something pending), or `None` for
     /// every Service. The manager restores these and every Service that
-    /// waits, retries or had an event since it was last reconciled; the
-    /// others hold addresses the change left as they were, and are settled
-    /// without a look (docs/allocation.md §4.9). The default (`None`)
-    /// restores every Service.
-    fn touched_by_change(&self) -> Option<Vec<String>> {
+    /// waits (but one waiting on a change of another pool), retries or had
+    /// an event since it was last reconciled; the others hold addresses the
+    /// change left as they were, and are settled without a look
+    /// (docs/allocation.md §4.9). The default (`None`) restores every
+    /// Service.
+    fn touched_by_change(&self) -> Option<Touched> {
         None
     }
+}
+
+/// What the last pool or Namespace change may have touched (see
+/// [`Shortcuts::touched_by_change`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Touched {
+    /// The Services it may have touched, besides the busy ones.
+    pub services: Vec<String>,
+    /// What the change was, as the keys of the Services that wait on a
+    /// change of configuration alone ([`WakeOn::PoolChanged`],
+    /// [`WakeOn::PoolCovering`], [`WakeOn::NamespaceChanged`]): of those,
+    /// only the ones waiting on one of these are looked at. `None`: every
+    /// waiting Service is.
+    pub changes: Option<Vec<WakeOn>>,
 }
