@@ -9,6 +9,8 @@ use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::discovered::Served;
+
 /// The header of the generated `deploy/crd/crd.yaml`.
 pub const CRD_HEADER: &str = "\
 # Generated from the Rust types by `cargo xtask crd`: do not edit by hand.
@@ -153,6 +155,16 @@ impl IPAddressPoolStatus {
 fn available(stats: &FamilyStats) -> u128 {
     stats.total.saturating_u128().saturating_sub(stats.assigned)
 }
+
+/// The resource, for discovery: a cluster that runs Cilium's pools alone
+/// may not have the CRD (see [`crate::discovered`]).
+pub(crate) static SERVED: Served = Served {
+    kind: "IPAddressPool",
+    group: "metallb.io",
+    plural: "ipaddresspools",
+    versions: &["v1beta1"],
+    when_missing: "; install MetalLB's CRD or kube-watcher's (kubectl apply -k deploy/crd/) to use IPAddressPools",
+};
 
 /// The pool as the subscriber chains and the manager take it.
 pub fn to_subscriber(pool: &IPAddressPoolResource) -> subscriber::IPAddressPool {

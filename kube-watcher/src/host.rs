@@ -18,6 +18,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::runtime::events::Reporter;
 use kube::runtime::{reflector, watcher};
@@ -31,9 +32,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cilium::{self, CiliumPoolResource, CiliumWatch, ServedVersion};
+use crate::cilium::{self, CiliumPoolResource};
 use crate::client::{EventBacklog, KubeClient};
-use crate::crd::{to_subscriber, IPAddressPoolResource};
+use crate::crd::{self, to_subscriber, IPAddressPoolResource};
+use crate::discovered::{DiscoveredWatch, ServedVersion};
 use crate::lean;
 use crate::lease::{KubeLease, LeaderElector, LeaderGate, LeaseConfig};
 use crate::metrics::Metrics;
@@ -79,8 +81,8 @@ pub struct HostConfig {
     /// condition while a Cilium pool exists (docs/cilium.md §3.6).
     pub cilium_conditions: bool,
     /// How often discovery is asked again while `CiliumLoadBalancerIPPool`
-    /// is not served.
-    pub cilium_discovery_period: Duration,
+    /// (or `IPAddressPool`) is not served.
+    pub discovery_period: Duration,
 }
 
 impl HostConfig {
@@ -99,7 +101,7 @@ impl HostConfig {
             reporting_controller: "kube-watcher".to_owned(),
             sharing_across_namespaces: SharingAcrossNamespaces::default(),
             cilium_conditions: true,
-            cilium_discovery_period: cilium::DISCOVERY_PERIOD,
+            discovery_period: cilium::DISCOVERY_PERIOD,
         }
     }
 
@@ -365,14 +367,6 @@ fn spawn_watches(
         cancel.clone(),
     ));
     tasks.push(spawn_watch(
-        Driver::new("IPAddressPool", pool_writer),
-        watcher_of(client, &wc, lean::pool),
-        Converting::new(manager_chain::<IPAddressPool>(current), to_subscriber),
-        synced.clone(),
-        config.watch_backoff.clone(),
-        cancel.clone(),
-    ));
-    tasks.push(spawn_watch(
         Driver::new("Namespace", namespace_writer),
         watcher_of(client, &wc, lean::namespace),
         manager_chain::<Namespace>(current),
@@ -380,9 +374,25 @@ fn spawn_watches(
         config.watch_backoff.clone(),
         cancel.clone(),
     ));
-    // Watched once discovery finds the CRD (maybe never, maybe later).
+    // The pools of either kind are watched once discovery finds their CRD
+    // (maybe never, maybe later): a cluster may have one kind only.
+    let pools = watcher_of(client, &wc, lean::pool);
+    let pool_watch = DiscoveredWatch {
+        served: &crd::SERVED,
+        client: client.clone(),
+        writer: pool_writer,
+        sink: Converting::new(manager_chain::<IPAddressPool>(current), to_subscriber),
+        synced: synced.clone(),
+        stream: Box::new(move |_| pools()),
+        backoff: config.watch_backoff.clone(),
+        period: config.discovery_period,
+        version: watch::channel(None).0,
+    };
+    tasks.push(tokio::spawn(pool_watch.run(cancel.clone())));
     let (served, cilium_version) = watch::channel(None);
-    let cilium_watch = CiliumWatch {
+    let cilium_client = client.clone();
+    let cilium_watch = DiscoveredWatch {
+        served: &cilium::SERVED,
         client: client.clone(),
         writer: cilium_writer,
         sink: Converting::new(
@@ -390,10 +400,12 @@ fn spawn_watches(
             cilium::to_subscriber,
         ),
         synced: synced.clone(),
-        watcher: wc,
+        stream: Box::new(move |version| {
+            cilium::watch_stream(cilium_client.clone(), version, wc.clone()).boxed()
+        }),
         backoff: config.watch_backoff.clone(),
-        period: config.cilium_discovery_period,
-        served,
+        period: config.discovery_period,
+        version: served,
     };
     tasks.push(tokio::spawn(cilium_watch.run(cancel.clone())));
     (store, cilium_version, tasks)

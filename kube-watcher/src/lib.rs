@@ -4,8 +4,9 @@
 //! - `watch`: kube-runtime watchers whose reflector stores are the
 //!   manager's shared cache ([`KubeStore`]), and a `Driver` per kind that
 //!   turns watch events, relists included, into subscriber chain calls; the
-//!   initial lists of Services, `IPAddressPool`s, Namespaces and (when
-//!   served) `CiliumLoadBalancerIPPool`s end with the manager marked synced.
+//!   initial lists of Services, Namespaces and (when served)
+//!   `IPAddressPool`s and `CiliumLoadBalancerIPPool`s end with the manager
+//!   marked synced.
 //! - `client`: `manager::Client` over the API: the pool annotation by a
 //!   merge patch, the addresses, the `metallb.io/AddressAssigned`
 //!   condition and Cilium's `cilium.io/IPAMRequestSatisfied` by a strategic
@@ -28,8 +29,10 @@
 //! - [`crd`]: the `IPAddressPool` CustomResource, from the allocator's spec
 //!   types, and `deploy/crd/crd.yaml`.
 //! - `cilium`: Cilium's `CiliumLoadBalancerIPPool`, watched once
-//!   discovery finds it served (`cilium.io/v2`, else `v2alpha1`; asked
-//!   again periodically, so a CRD installed later is noticed).
+//!   discovery finds it served (`cilium.io/v2`, else `v2alpha1`).
+//! - `discovered`: the watch of a kind whose CRD may be missing (Cilium's
+//!   pools, and `IPAddressPool`s on a Cilium-only cluster): asked of
+//!   discovery again periodically, so a CRD installed later is noticed.
 //!
 //! Start with [`Host::start`]; `src/main.rs` is the command line.
 
@@ -37,6 +40,7 @@ pub(crate) mod cilium;
 pub(crate) mod client;
 pub(crate) mod config_state;
 pub mod crd;
+pub(crate) mod discovered;
 pub(crate) mod host;
 pub(crate) mod lean;
 pub(crate) mod lease;

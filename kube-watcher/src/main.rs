@@ -77,10 +77,11 @@ struct RunArgs {
     #[arg(long, value_enum, value_name = "ON_OFF", default_value = "on")]
     cilium_conditions: OnOff,
     /// How often (seconds) discovery is asked again whether the cluster
-    /// serves CiliumLoadBalancerIPPools, while it does not.
-    #[arg(long, value_name = "SECONDS", default_value = "300",
+    /// serves CiliumLoadBalancerIPPools (or IPAddressPools), while it does
+    /// not.
+    #[arg(long, alias = "cilium-discovery-period", value_name = "SECONDS", default_value = "300",
           value_parser = clap::value_parser!(u64).range(1..))]
-    cilium_discovery_period: u64,
+    discovery_period: u64,
 }
 
 /// `--sharing-across-namespaces`.
@@ -211,7 +212,7 @@ async fn run(args: RunArgs) -> Result<()> {
         .lease_name(args.lease_name);
     config.sharing_across_namespaces = args.sharing_across_namespaces.into();
     config.cilium_conditions = args.cilium_conditions == OnOff::On;
-    config.cilium_discovery_period = std::time::Duration::from_secs(args.cilium_discovery_period);
+    config.discovery_period = std::time::Duration::from_secs(args.discovery_period);
     let host = Host::start(client, config);
     let cancel = CancellationToken::new();
     let server = tokio::spawn(serve(listener, host.metrics().clone(), cancel.clone()));

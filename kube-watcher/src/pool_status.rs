@@ -44,10 +44,11 @@ use serde_json::{json, Value};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use crate::cilium::{self, CiliumPoolResource, ServedVersion};
+use crate::cilium::{self, CiliumPoolResource};
 use crate::client::{EVENT_ACTION, FIELD_MANAGER};
 use crate::config_state::ConfigStateWriter;
 use crate::crd::{IPAddressPoolResource, IPAddressPoolStatus, PoolCondition};
+use crate::discovered::ServedVersion;
 use crate::lease::LeaderGate;
 use crate::retry::doubled;
 use crate::store::KubeStore;

@@ -38,16 +38,22 @@ use serde_json::{json, Map, Value};
 use subscriber::Handler;
 
 use crate::cilium;
-use crate::crd::IPAddressPoolResource;
+use crate::crd::{self, IPAddressPoolResource};
+use crate::discovered::Served;
 use crate::retry::{watcher_of, with_backoff, WatchBackoff};
 use crate::watch::{creation_order, Driver, Handled};
 
 /// A recording that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
-    /// Discovery could not say whether Cilium pools are served.
-    #[error("cannot ask discovery whether cilium.io serves ciliumloadbalancerippools: {0}")]
-    Discovery(#[source] kube::Error),
+    /// Discovery could not say whether a kind of pool is served.
+    #[error("cannot ask discovery whether {group} serves {plural}: {source}")]
+    Discovery {
+        group: &'static str,
+        plural: &'static str,
+        #[source]
+        source: kube::Error,
+    },
     /// The output could not be written.
     #[error("cannot write the stream: {0}")]
     Write(#[source] std::io::Error),
@@ -371,10 +377,25 @@ pub async fn record<W: Write + Send>(
 ) -> Result<RecordStats, RecordError> {
     let config = watcher::Config::default();
     let backoff = WatchBackoff::default();
-    let cilium_version = cilium::discover(&client)
-        .await
-        .map_err(RecordError::Discovery)?;
-    let mut kinds = vec!["Namespace", "IPAddressPool", "Service"];
+    let discover = |served: &'static Served| {
+        let client = client.clone();
+        async move {
+            served
+                .discover(&client)
+                .await
+                .map_err(|source| RecordError::Discovery {
+                    group: served.group,
+                    plural: served.plural,
+                    source,
+                })
+        }
+    };
+    let pools_served = discover(&crd::SERVED).await?.is_some();
+    let cilium_version = discover(&cilium::SERVED).await?;
+    let mut kinds = vec!["Namespace", "Service"];
+    if pools_served {
+        kinds.push("IPAddressPool");
+    }
     if cilium_version.is_some() {
         kinds.push(cilium::KIND);
     }
@@ -385,9 +406,16 @@ pub async fn record<W: Write + Send>(
     };
     let mut drives = vec![
         watch::<Namespace, _>(&client, &config, &backoff, lines("Namespace")),
-        watch::<IPAddressPoolResource, _>(&client, &config, &backoff, lines("IPAddressPool")),
         watch::<Service, _>(&client, &config, &backoff, lines("Service")),
     ];
+    if pools_served {
+        let pools = lines("IPAddressPool");
+        drives.push(watch::<IPAddressPoolResource, _>(
+            &client, &config, &backoff, pools,
+        ));
+    } else {
+        tracing::info!("IPAddressPools are not served: not recorded");
+    }
     match cilium_version {
         Some(version) => drives.push(
             drive(

@@ -1,6 +1,6 @@
 //! Cilium's `CiliumLoadBalancerIPPool` on the stub (docs/cilium.md §2.8,
 //! §3.6, §5): discovery with and without the CRD (and the CRD installed
-//! later), the pools' four conditions written exactly and only when one
+//! later; and a cluster without MetalLB's CRD), the pools' four conditions written exactly and only when one
 //! would change, a conflict and its resolution, an invalid pool, and the
 //! Service's two conditions in one strategic merge patch.
 //!
@@ -18,7 +18,7 @@ use crate::support::{config, ingress, namespace, pool, service, settled};
 /// The test host's config, asking discovery again every 50ms.
 fn cilium_config(identity: &str) -> HostConfig {
     let mut config = config(identity);
-    config.cilium_discovery_period = Duration::from_millis(50);
+    config.discovery_period = Duration::from_millis(50);
     config
 }
 
@@ -162,6 +162,48 @@ async fn without_the_crd_the_host_syncs_and_notices_it_installed_later() {
         expected("256", "256", "0", None)
     );
     assert!(pool_lists(&stub, "v2") >= 1);
+    host.shutdown().await;
+}
+
+/// Requests of the `IPAddressPool` collection (list or watch).
+fn metallb_pool_lists(stub: &ApiServerStub) -> usize {
+    stub.requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == "/apis/metallb.io/v1beta1/ipaddresspools")
+        .count()
+}
+
+/// A Cilium-only cluster, without MetalLB's CRD: the host syncs on the
+/// Cilium pools alone (the IPAddressPools count as listed, there being
+/// none), serves Services from them, and notices the CRD installed later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_the_ipaddresspool_crd_syncs_on_the_cilium_pools() {
+    let stub = ApiServerStub::start().await;
+    stub.serve_pools(false);
+    stub.serve_cilium(&["v2"]);
+    stub.create(namespace("ns"));
+    stub.create(cilium_pool("blue", json!([{"cidr": "10.1.0.0/24"}])));
+    stub.create(service("ns", "web", "10.96.0.1"));
+    let host = Host::start(stub.client("a"), cilium_config("a"));
+    stub.wait_until("web is allocated from the Cilium pool", |stub| {
+        ingress(&stub.get(Kind::Service, "ns", "web").unwrap()) == ["10.1.0.0"]
+    })
+    .await;
+    assert!(host.synced().is_synced());
+    assert_eq!(metallb_pool_lists(&stub), 0);
+
+    // MetalLB's CRD installed, with a pool: watched without a restart.
+    stub.serve_pools(true);
+    stub.create(pool("default", &["192.168.10.0/24"]));
+    let asking = service("ns", "api", "10.96.0.2");
+    let mut asking = asking;
+    asking["metadata"]["annotations"] = json!({"metallb.io/address-pool": "default"});
+    stub.create(asking);
+    stub.wait_until("api gets an address of the IPAddressPool", |stub| {
+        ingress(&stub.get(Kind::Service, "ns", "api").unwrap()) == ["192.168.10.0"]
+    })
+    .await;
+    assert!(metallb_pool_lists(&stub) >= 1);
     host.shutdown().await;
 }
 

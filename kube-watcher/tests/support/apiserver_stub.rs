@@ -14,6 +14,8 @@
 //! - Events (`events.k8s.io/v1`: create, patch);
 //! - MetalLB's `ConfigurationState` (get, create, status patch), listed by
 //!   discovery (`/apis/metallb.io/v1beta1`) only once a test asks for it;
+//!   `IPAddressPool`s listed there too unless a test stops serving them
+//!   (404 then, as for a missing CRD);
 //! - Leases (`coordination.k8s.io/v1`: get, create, replace with the
 //!   resourceVersion as precondition);
 //! - Cilium's `CiliumLoadBalancerIPPool`s (cluster-scoped: list, watch,
@@ -169,6 +171,9 @@ struct State {
     prune_pool_conditions: bool,
     /// The versions of `cilium.io` that serve `ciliumloadbalancerippools`.
     cilium_versions: Vec<&'static str>,
+    /// `ipaddresspools` is not served (MetalLB's CRD is not installed): its
+    /// requests are answered 404 and discovery does not list it.
+    pools_unserved: bool,
     created: u64,
 }
 
@@ -599,6 +604,16 @@ impl ApiServerStub {
         self.lock().config_states = true;
     }
 
+    /// Whether `ipaddresspools` is served (it is unless a test says not).
+    #[allow(
+        dead_code,
+        reason = "used by the tests, not by benches/host.rs, which includes this file"
+    )]
+    pub(crate) fn serve_pools(&self, served: bool) {
+        self.lock().pools_unserved = !served;
+        self.bump();
+    }
+
     /// `cilium.io` serves `ciliumloadbalancerippools` at `versions` from
     /// now on (the CRD installed; empty: removed).
     #[allow(
@@ -885,6 +900,14 @@ impl Server {
                 return self.cilium_discovery(version);
             }
         }
+        let unserved = |path: &str| path.split('/').any(|part| part == "ipaddresspools");
+        if self.lock().pools_unserved && unserved(&path) {
+            return status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            );
+        }
         let Some(target) = parse_path(&path) else {
             return status(404, "NotFound", "unknown path");
         };
@@ -1034,15 +1057,28 @@ impl Server {
             "watch"
         ]);
         let status_verbs = json!(["get", "patch", "update"]);
-        let mut resources = vec![
-            resource("ipaddresspools", "IPAddressPool", all.clone()),
-            resource(
+        let (pools, config_states) = {
+            let state = self.lock();
+            (!state.pools_unserved, state.config_states)
+        };
+        if !pools && !config_states {
+            // No CRD of the group: the group version is not served.
+            return status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            );
+        }
+        let mut resources = Vec::new();
+        if pools {
+            resources.push(resource("ipaddresspools", "IPAddressPool", all.clone()));
+            resources.push(resource(
                 "ipaddresspools/status",
                 "IPAddressPool",
                 status_verbs.clone(),
-            ),
-        ];
-        if self.lock().config_states {
+            ));
+        }
+        if config_states {
             resources.push(resource("configurationstates", "ConfigurationState", all));
             resources.push(resource(
                 "configurationstates/status",
