@@ -925,18 +925,8 @@ mod shortcuts {
     #[tokio::test]
     async fn half_served_cilium_waits_give_the_same_result_without_shortcuts() {
         let fast = half_served_steps(ControllerConfig::default()).await;
-        let exhaustive = ControllerConfig {
-            exhaustive: true,
-            ..ControllerConfig::default()
-        };
-        let full = half_served_steps(exhaustive).await;
-        for (i, (a, b)) in fast.iter().zip(&full).enumerate() {
-            assert_eq!(
-                a, b,
-                "step {i} differs (left: shortcuts, right: exhaustive)"
-            );
-        }
-        assert_eq!(fast.len(), full.len());
+        let full = half_served_steps(support::exhaustive()).await;
+        support::assert_same_steps(&fast, &full);
         // Two waited for IPv6 and got it from a pool of their groups: e
         // from the pinned one, d from an unpinned one.
         let shown = |line: &str| {
@@ -952,18 +942,8 @@ mod shortcuts {
     #[tokio::test]
     async fn cilium_pools_and_keys_give_the_same_result_without_shortcuts() {
         let (fast, fast_work) = cilium_steps(ControllerConfig::default()).await;
-        let exhaustive = ControllerConfig {
-            exhaustive: true,
-            ..ControllerConfig::default()
-        };
-        let (full, full_work) = cilium_steps(exhaustive).await;
-        for (i, (a, b)) in fast.iter().zip(&full).enumerate() {
-            assert_eq!(
-                a, b,
-                "step {i} differs (left: shortcuts, right: exhaustive)"
-            );
-        }
-        assert_eq!(fast.len(), full.len());
+        let (full, full_work) = cilium_steps(support::exhaustive()).await;
+        support::assert_same_steps(&fast, &full);
         // The scenario takes shortcuts, and some Service waited and got
         // an address later.
         assert!(fast_work < full_work, "{fast_work} vs {full_work}");

@@ -2029,18 +2029,8 @@ mod cost {
     #[tokio::test]
     async fn parked_waits_give_the_same_result_without_shortcuts() {
         let fast = parked_steps(ControllerConfig::default()).await;
-        let exhaustive = ControllerConfig {
-            exhaustive: true,
-            ..ControllerConfig::default()
-        };
-        let full = parked_steps(exhaustive).await;
-        for (i, (a, b)) in fast.iter().zip(&full).enumerate() {
-            assert_eq!(
-                a, b,
-                "step {i} differs (left: shortcuts, right: exhaustive)"
-            );
-        }
-        assert_eq!(fast.len(), full.len());
+        let full = parked_steps(support::exhaustive()).await;
+        support::assert_same_steps(&fast, &full);
         // Each got an address once what it waited on changed; the last
         // step took s1's pool away again.
         for key in PARKED {

@@ -784,3 +784,24 @@ pub(crate) fn log(records: &[Record]) -> Vec<String> {
         })
         .collect()
 }
+
+/// The controller with every shortcut off: each waiting Service alone and
+/// woken by every release, every Service in every pass.
+pub(crate) fn exhaustive() -> ControllerConfig {
+    ControllerConfig {
+        exhaustive: true,
+        ..ControllerConfig::default()
+    }
+}
+
+/// Asserts that the same steps, run with the shortcuts (`fast`) and
+/// without (`full`), showed the same after each.
+pub(crate) fn assert_same_steps<T: PartialEq + std::fmt::Debug>(fast: &[T], full: &[T]) {
+    for (i, (a, b)) in fast.iter().zip(full).enumerate() {
+        assert_eq!(
+            a, b,
+            "step {i} differs (left: shortcuts, right: exhaustive)"
+        );
+    }
+    assert_eq!(fast.len(), full.len());
+}
