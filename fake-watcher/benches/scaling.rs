@@ -1871,6 +1871,16 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         expect: expect_all,
     },
     GrowthShape {
+        name: "pools_after_services",
+        what: "N Services naming one of N/20 pools (a third asking for one of its addresses instead) before the pools exist; then the pools, one by one",
+        exception: None,
+        stream: pools_after_services_stream,
+        expect: |n| Expect {
+            served: n,
+            addresses: Some(n),
+        },
+    },
+    GrowthShape {
         name: "realistic",
         what: "N Services as `kubectl get -o json` prints them (labels, annotations, managedFields, nodePorts)",
         exception: None,
@@ -2572,6 +2582,45 @@ fn sharing_groups_stream(n: usize) -> Result<Vec<u8>> {
             &format!("group-{group}"),
             &format!(r#"[{{"port":{port},"protocol":"TCP"}}]"#),
         )?;
+    }
+    Ok(out)
+}
+
+/// N Services, each naming pool `pool-K` (K = i mod N/20) by
+/// `metallb.io/address-pool`, or for a third of them asking for an address
+/// of that pool (from its top, clear of those handed out from the bottom),
+/// all before any pool exists; then the N/20 pools (a /26 each), one by
+/// one. Each Service fails for the configuration alone and waits only on a
+/// change of its pool (docs/allocation.md §4.6): a pool added must not look
+/// at the Services waiting on the others.
+fn pools_after_services_stream(n: usize) -> Result<Vec<u8>> {
+    let pools = (n / 20).max(1);
+    let first =
+        |k: usize| 0x0A00_0000_u32.wrapping_add(u32::try_from(k).unwrap_or(0).wrapping_mul(64));
+    let mut out = Vec::with_capacity(n * 260 + pools * 200);
+    for i in 0..n {
+        let (k, j) = (i % pools, i / pools);
+        let meta = if i.is_multiple_of(3) {
+            let top = first(k).wrapping_add(63 - u32::try_from(j % 64).unwrap_or(0));
+            format!(
+                r#","annotations":{{"metallb.io/loadBalancerIPs":"{}"}}"#,
+                Ipv4Addr::from(top)
+            )
+        } else {
+            format!(r#","annotations":{{"metallb.io/address-pool":"pool-{k}"}}"#)
+        };
+        service_line(
+            &mut out,
+            "ADDED",
+            (&namespace_of(i), &format!("svc-{i}")),
+            &meta,
+            "",
+            PORT_80,
+        )?;
+    }
+    for k in 0..pools {
+        let spec = format!(r#"{{"addresses":["{}/26"]}}"#, Ipv4Addr::from(first(k)));
+        pool_with(&mut out, &format!("pool-{k}"), &spec)?;
     }
     Ok(out)
 }
