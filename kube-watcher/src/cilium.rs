@@ -81,13 +81,7 @@ pub(crate) fn to_subscriber(pool: &CiliumPoolResource) -> subscriber::CiliumLoad
 
 /// The resource at `version` (`v2` or `v2alpha1`).
 pub(crate) fn api_resource(version: &str) -> ApiResource {
-    ApiResource {
-        group: GROUP.to_owned(),
-        version: version.to_owned(),
-        api_version: format!("{GROUP}/{version}"),
-        kind: KIND.to_owned(),
-        plural: PLURAL.to_owned(),
-    }
+    SERVED.resource(version)
 }
 
 /// The resource, for discovery.

@@ -3,8 +3,9 @@
 //! `IPAddressPool` on a Cilium-only one, either installed later.
 //!
 //! Discovery (`/apis/GROUP/VERSION`, each version preferred first) says
-//! which version serves the resource, and is asked again every period
-//! until one does. A missing CRD is no error: it is logged at INFO once,
+//! which version serves the resource (and, where it says none, a list of
+//! the resource confirms, for a server without discovery), and is asked
+//! again every period until one does. A missing CRD is no error: it is logged at INFO once,
 //! and the kind counts as listed (there is nothing to list) so the
 //! manager's sync does not wait for it. A failing discovery is retried with
 //! the watch backoff and holds the sync back, as a failing list would: a
@@ -19,6 +20,7 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use kube::Resource;
@@ -44,7 +46,11 @@ pub(crate) struct Served {
 impl Served {
     /// The version of `versions` (preferred first) whose discovery document
     /// lists the resource; `None` when none does (a group version that is
-    /// not served answers 404).
+    /// not served answers 404) and a list of the resource at each version
+    /// answers 404 too. That list is asked only when discovery says no, for
+    /// a server that serves the resource but not discovery (some API
+    /// emulators): taking the pools for absent there would release every
+    /// address they hold.
     pub(crate) async fn discover(
         &self,
         client: &kube::Client,
@@ -62,7 +68,26 @@ impl Served {
                 Err(error) => return Err(error),
             }
         }
+        for version in self.versions {
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &self.resource(version));
+            match api.list(&ListParams::default().limit(1)).await {
+                Ok(_) => return Ok(Some(version)),
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(error) => return Err(error),
+            }
+        }
         Ok(None)
+    }
+
+    /// The resource at `version`.
+    pub(crate) fn resource(&self, version: &str) -> ApiResource {
+        ApiResource {
+            group: self.group.to_owned(),
+            version: version.to_owned(),
+            api_version: format!("{}/{version}", self.group),
+            kind: self.kind.to_owned(),
+            plural: self.plural.to_owned(),
+        }
     }
 
     /// `group/v1 or v2 plural`, for the logs.

@@ -98,12 +98,13 @@ fn status_patches(stub: &ApiServerStub, name: &str) -> Vec<Recorded> {
         .collect()
 }
 
-/// Requests of the Cilium pools' collection (list or watch) at `version`.
-fn pool_lists(stub: &ApiServerStub, version: &str) -> usize {
+/// Watches of the Cilium pools' collection at `version` (a list alone may
+/// be discovery's confirmation that the kind is not served).
+fn pool_watches(stub: &ApiServerStub, version: &str) -> usize {
     let path = format!("/apis/cilium.io/{version}/ciliumloadbalancerippools");
     stub.requests()
         .iter()
-        .filter(|r| r.method == "GET" && r.path == path)
+        .filter(|r| r.method == "GET" && r.path == path && r.query.contains("watch=true"))
         .count()
 }
 
@@ -140,9 +141,13 @@ async fn without_the_crd_the_host_syncs_and_notices_it_installed_later() {
     })
     .await;
     assert!(host.synced().is_synced());
-    // Both versions asked; neither watched.
+    // Both versions asked (discovery, then a list to confirm); neither
+    // watched.
     assert!(discoveries(&stub, "v2") >= 1 && discoveries(&stub, "v2alpha1") >= 1);
-    assert_eq!(pool_lists(&stub, "v2") + pool_lists(&stub, "v2alpha1"), 0);
+    assert_eq!(
+        pool_watches(&stub, "v2") + pool_watches(&stub, "v2alpha1"),
+        0
+    );
     // Asked again on the timer.
     let asked = discoveries(&stub, "v2");
     stub.wait_until("discovery is asked again", |stub| {
@@ -161,15 +166,19 @@ async fn without_the_crd_the_host_syncs_and_notices_it_installed_later() {
         cilium_conditions(&stub, "blue"),
         expected("256", "256", "0", None)
     );
-    assert!(pool_lists(&stub, "v2") >= 1);
+    assert!(pool_watches(&stub, "v2") >= 1);
     host.shutdown().await;
 }
 
-/// Requests of the `IPAddressPool` collection (list or watch).
-fn metallb_pool_lists(stub: &ApiServerStub) -> usize {
+/// Watches of the `IPAddressPool` collection.
+fn metallb_pool_watches(stub: &ApiServerStub) -> usize {
     stub.requests()
         .iter()
-        .filter(|r| r.method == "GET" && r.path == "/apis/metallb.io/v1beta1/ipaddresspools")
+        .filter(|r| {
+            r.method == "GET"
+                && r.path == "/apis/metallb.io/v1beta1/ipaddresspools"
+                && r.query.contains("watch=true")
+        })
         .count()
 }
 
@@ -190,7 +199,7 @@ async fn a_cluster_without_the_ipaddresspool_crd_syncs_on_the_cilium_pools() {
     })
     .await;
     assert!(host.synced().is_synced());
-    assert_eq!(metallb_pool_lists(&stub), 0);
+    assert_eq!(metallb_pool_watches(&stub), 0);
 
     // MetalLB's CRD installed, with a pool: watched without a restart.
     stub.serve_pools(true);
@@ -203,7 +212,34 @@ async fn a_cluster_without_the_ipaddresspool_crd_syncs_on_the_cilium_pools() {
         ingress(&stub.get(Kind::Service, "ns", "api").unwrap()) == ["192.168.10.0"]
     })
     .await;
-    assert!(metallb_pool_lists(&stub) >= 1);
+    assert!(metallb_pool_watches(&stub) >= 1);
+    host.shutdown().await;
+}
+
+/// A server that serves the pools but no discovery document (as some API
+/// emulators): a list of each kind says they are served, so the host
+/// watches them rather than syncing without them (which would release
+/// every address they hold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_discovery_a_list_says_the_pools_are_served() {
+    let stub = ApiServerStub::start().await;
+    stub.hide_discovery();
+    stub.serve_cilium(&["v2"]);
+    stub.create(namespace("ns"));
+    stub.create(pool("default", &["192.168.10.0/24"]));
+    stub.create(cilium_pool("blue", json!([{"cidr": "10.1.0.0/24"}])));
+    let mut asking = service("ns", "web", "10.96.0.1");
+    asking["metadata"]["annotations"] = json!({"metallb.io/address-pool": "default"});
+    stub.create(asking);
+    let host = Host::start(stub.client("a"), cilium_config("a"));
+    stub.wait_until("web gets an address of the IPAddressPool", |stub| {
+        ingress(&stub.get(Kind::Service, "ns", "web").unwrap()) == ["192.168.10.0"]
+    })
+    .await;
+    crate::support::eventually("the Cilium pool is cached", || {
+        host.store().cilium_pools().len() == 1
+    })
+    .await;
     host.shutdown().await;
 }
 
@@ -221,7 +257,7 @@ async fn a_cluster_serving_only_v2alpha1_is_watched_and_written_there() {
         cilium_conditions(&stub, "blue"),
         expected("4", "4", "0", None)
     );
-    assert!(pool_lists(&stub, "v2alpha1") >= 1);
+    assert!(pool_watches(&stub, "v2alpha1") >= 1);
     let patches = status_patches(&stub, "blue");
     assert!(patches
         .iter()
@@ -335,7 +371,7 @@ async fn a_conflict_is_shown_then_resolved() {
         cilium_conditions(&stub, "blue"),
         expected("256", "256", "0", None)
     );
-    assert_eq!(pool_lists(&stub, "v2alpha1"), 0, "v2 is preferred");
+    assert_eq!(pool_watches(&stub, "v2alpha1"), 0, "v2 is preferred");
     // The status did not change: its time stays.
     let since =
         condition(&stub, "green", "cilium.io/PoolConflict").unwrap()["lastTransitionTime"].clone();
@@ -546,6 +582,6 @@ async fn a_crd_removed_or_a_version_dropped_goes_back_to_discovery() {
         host.store().cilium_pools().len() == 1
     })
     .await;
-    assert!(pool_lists(&stub, "v2alpha1") >= 1);
+    assert!(pool_watches(&stub, "v2alpha1") >= 1);
     host.shutdown().await;
 }

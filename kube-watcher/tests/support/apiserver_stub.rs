@@ -174,6 +174,9 @@ struct State {
     /// `ipaddresspools` is not served (MetalLB's CRD is not installed): its
     /// requests are answered 404 and discovery does not list it.
     pools_unserved: bool,
+    /// Discovery documents are not served (404), as with some API
+    /// emulators, though the resources are.
+    no_discovery: bool,
     created: u64,
 }
 
@@ -614,6 +617,16 @@ impl ApiServerStub {
         self.bump();
     }
 
+    /// Discovery documents answer 404 from now on; the resources stay
+    /// served.
+    #[allow(
+        dead_code,
+        reason = "used by the tests, not by benches/host.rs, which includes this file"
+    )]
+    pub(crate) fn hide_discovery(&self) {
+        self.lock().no_discovery = true;
+    }
+
     /// `cilium.io` serves `ciliumloadbalancerippools` at `versions` from
     /// now on (the CRD installed; empty: removed).
     #[allow(
@@ -883,6 +896,17 @@ impl Server {
                 _ => "InternalError",
             };
             return status(code, reason, "scripted failure");
+        }
+        let discovery_path = path == "/apis/metallb.io/v1beta1"
+            || path
+                .strip_prefix("/apis/cilium.io/")
+                .is_some_and(|version| !version.contains('/'));
+        if method == Method::GET && discovery_path && self.lock().no_discovery {
+            return status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            );
         }
         if method == Method::GET && path == "/apis/metallb.io/v1beta1" {
             return self.discovery();
