@@ -607,9 +607,7 @@ impl AllocatingController {
         );
         state.unsettled.set_half_served(key, half_served);
         let mut events = decision_events(&decision, announced_clear.as_ref(), &status);
-        let parked = parked_changes(&decision.outcome, &view, key);
-        state.parked.set(key, parked.as_deref());
-        let parked = parked.is_some();
+        let parked = book_parked(state, key, &decision.outcome, &view);
         let warned = announce_warning(state, key, service, &decision.outcome, parked, &mut events);
         let after = state.allocator.holding(key);
         let write = self.write_for(
@@ -1151,6 +1149,14 @@ fn failure_wait(
             }
         }
     }
+}
+
+/// Files `key` under the changes of configuration that alone can end the
+/// failure `outcome` (none if it did not fail so); returns whether it is.
+fn book_parked(state: &mut State, key: &str, outcome: &Outcome, view: &ServiceView<'_>) -> bool {
+    let parked = parked_changes(outcome, view, key);
+    state.parked.set(key, parked.as_deref());
+    parked.is_some()
 }
 
 /// The changes of configuration that alone can end the failure `outcome`,
