@@ -105,7 +105,9 @@ impl LeaseErrorReason {
             LeaseErrorReason::Forbidden => format!(
                 "check RBAC: the ServiceAccount needs get, create and update on \
                  coordination.k8s.io leases in namespace {namespace:?} (a Role and \
-                 RoleBinding there; see deploy/rbac.yaml) for {lease}"
+                 RoleBinding there; see deploy/rbac.yaml) for {lease}; deploy/rbac.yaml \
+                 names only the Lease kube-watcher in resourceNames, so another \
+                 --lease-name must be added there"
             ),
             LeaseErrorReason::NotFound => {
                 format!("check that namespace {namespace:?} exists (--namespace-for-leases)")

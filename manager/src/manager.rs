@@ -215,8 +215,8 @@ struct Waiting {
     /// key → (waiting since, class).
     entries: HashMap<String, (u64, ClassId), FastHash>,
     classes: HashMap<ClassId, Class, FastHash>,
-    /// The classes that do not wait on a pool change alone (see
-    /// [`parked`]).
+    /// The classes that do not wait on a change of configuration alone
+    /// (see [`parked`]): every pool or Namespace change looks at them.
     unparked: HashSet<ClassId, FastHash>,
     /// Classes woken by every delete or release.
     on_any: HashSet<ClassId, FastHash>,
