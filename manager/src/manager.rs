@@ -131,6 +131,9 @@ struct State {
     retries: BTreeMap<(Instant, u64), QueueKey>,
     /// The entry of `retries` of each key.
     retry_of: HashMap<QueueKey, (Instant, u64), FastHash>,
+    /// The Services both waiting and due for a retry, which every wake
+    /// runs (see [`State::wake`]): found without a walk of every retry.
+    waiting_retries: HashSet<String, FastHash>,
     /// Service, pool and Namespace events received so far: a restore pass
     /// during which none arrived saw every object as it is queued.
     events: u64,
@@ -393,12 +396,10 @@ impl State {
         // One whose last write failed would write again if run now, as
         // running every waiting Service on every wake (docs/allocation.md
         // §4.6) would do: so every wake runs it, not only its retry.
-        let retrying = self.retry_of.keys().filter_map(|key| match key {
-            QueueKey::Service(name) => {
-                let (since, class) = self.waiting.entries.get(name)?;
-                Some((*since, name.clone(), *class))
-            }
-            _ => None,
+        debug_assert_eq!(self.waiting_retries, self.waiting_retries_walked());
+        let retrying = self.waiting_retries.iter().filter_map(|name| {
+            let (since, class) = self.waiting.entries.get(name)?;
+            Some((*since, name.clone(), *class))
         });
         heads.extend(retrying.collect::<Vec<_>>());
         heads.sort_unstable();
@@ -415,6 +416,32 @@ impl State {
         }
     }
 
+    /// Books whether `key`, a Service's, is both waiting and due for a
+    /// retry: called after either changes.
+    fn book_waiting_retry(&mut self, key: &QueueKey) {
+        let QueueKey::Service(name) = key else {
+            return;
+        };
+        if self.retry_of.contains_key(key) && self.waiting.entries.contains_key(name) {
+            self.waiting_retries.insert(name.clone());
+        } else {
+            self.waiting_retries.remove(name);
+        }
+    }
+
+    /// [`State::waiting_retries`] found by a walk of every retry, for the
+    /// debug check that the set is kept right.
+    fn waiting_retries_walked(&self) -> HashSet<String, FastHash> {
+        let services = self.retry_of.keys().filter_map(|key| match key {
+            QueueKey::Service(name) => Some(name),
+            _ => None,
+        });
+        services
+            .filter(|name| self.waiting.entries.contains_key(*name))
+            .cloned()
+            .collect()
+    }
+
     /// Forgets every pending wake (everything is reconsidered anyway).
     fn clear_wakes(&mut self) {
         self.waking.clear();
@@ -427,6 +454,7 @@ impl State {
         self.queued.remove(key);
         if let Some(entry) = self.retry_of.remove(key) {
             self.retries.remove(&entry);
+            self.book_waiting_retry(key);
         }
         self.in_flight = Some(key.clone());
     }
@@ -439,6 +467,7 @@ impl State {
             }
             let key = entry.remove();
             self.retry_of.remove(&key);
+            self.book_waiting_retry(&key);
             self.enqueue(key);
         }
         let key = match self.queue.pop_front() {
@@ -466,6 +495,7 @@ impl State {
         if let Some(old) = self.retry_of.insert(key.clone(), entry) {
             self.retries.remove(&old);
         }
+        self.book_waiting_retry(&key);
         self.retries.insert(entry, key);
     }
 
@@ -500,6 +530,7 @@ impl State {
         }
         if let (Some(name), true) = (service, deleted) {
             self.waiting.remove(name);
+            self.book_waiting_retry(&key);
             // A delete forgot the key when it came; an event since then
             // (requeue) may have made it known again.
             if !requeue {
@@ -585,6 +616,7 @@ impl State {
                 self.attempts.remove(key);
                 if let Some(name) = service {
                     self.waiting.remove(name);
+                    self.book_waiting_retry(key);
                 }
             }
         }
@@ -631,6 +663,7 @@ impl State {
             None => self.seq(),
         };
         self.waiting.insert(name, since, class, wake_on);
+        self.book_waiting_retry(&QueueKey::Service(name.to_owned()));
     }
 
     /// Queues the second of the two passes: Pool and Namespace keys already
