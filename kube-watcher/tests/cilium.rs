@@ -166,7 +166,11 @@ async fn without_the_crd_the_host_syncs_and_notices_it_installed_later() {
         cilium_conditions(&stub, "blue"),
         expected("256", "256", "0", None)
     );
-    assert!(pool_watches(&stub, "v2") >= 1);
+    // The list came first; the watch follows it.
+    stub.wait_until("the Cilium pools are watched at v2", |stub| {
+        pool_watches(stub, "v2") >= 1
+    })
+    .await;
     host.shutdown().await;
 }
 
@@ -212,7 +216,11 @@ async fn a_cluster_without_the_ipaddresspool_crd_syncs_on_the_cilium_pools() {
         ingress(&stub.get(Kind::Service, "ns", "api").unwrap()) == ["192.168.10.0"]
     })
     .await;
-    assert!(metallb_pool_watches(&stub) >= 1);
+    // The list came first; the watch follows it.
+    stub.wait_until("the IPAddressPools are watched", |stub| {
+        metallb_pool_watches(stub) >= 1
+    })
+    .await;
     host.shutdown().await;
 }
 
@@ -257,7 +265,11 @@ async fn a_cluster_serving_only_v2alpha1_is_watched_and_written_there() {
         cilium_conditions(&stub, "blue"),
         expected("4", "4", "0", None)
     );
-    assert!(pool_watches(&stub, "v2alpha1") >= 1);
+    // The list came first; the watch follows it.
+    stub.wait_until("the Cilium pools are watched at v2alpha1", |stub| {
+        pool_watches(stub, "v2alpha1") >= 1
+    })
+    .await;
     let patches = status_patches(&stub, "blue");
     assert!(patches
         .iter()
@@ -582,6 +594,10 @@ async fn a_crd_removed_or_a_version_dropped_goes_back_to_discovery() {
         host.store().cilium_pools().len() == 1
     })
     .await;
-    assert!(pool_watches(&stub, "v2alpha1") >= 1);
+    // The list came first; the watch follows it.
+    stub.wait_until("the Cilium pools are watched at v2alpha1", |stub| {
+        pool_watches(stub, "v2alpha1") >= 1
+    })
+    .await;
     host.shutdown().await;
 }
