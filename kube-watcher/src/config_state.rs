@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::client::FIELD_MANAGER;
+use crate::discovered::discovery_lists;
 use crate::lease::LeaderGate;
 use crate::pool_status::{Retries, Write};
 
@@ -207,9 +208,9 @@ impl ConfigStateWriter {
     /// Whether the API serves `configurationstates` (asked once).
     async fn served(&mut self) -> bool {
         if self.served == Served::Unknown {
-            self.served = match self.client.list_api_group_resources(API_VERSION).await {
-                Ok(list) if list.resources.iter().any(|r| r.name == PLURAL) => Served::Yes,
-                Ok(_) => {
+            self.served = match discovery_lists(&self.client, API_VERSION, PLURAL).await {
+                Ok(true) => Served::Yes,
+                Ok(false) => {
                     tracing::debug!(
                         "no ConfigurationState CRD (MetalLB v0.15.3+): not writing one"
                     );

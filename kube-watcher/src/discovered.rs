@@ -56,16 +56,9 @@ impl Served {
         client: &kube::Client,
     ) -> Result<Option<&'static str>, kube::Error> {
         for version in self.versions {
-            match client
-                .list_api_group_resources(&format!("{}/{version}", self.group))
-                .await
-            {
-                Ok(list) if list.resources.iter().any(|r| r.name == self.plural) => {
-                    return Ok(Some(version));
-                }
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
-                Err(error) => return Err(error),
+            let group_version = format!("{}/{version}", self.group);
+            if discovery_lists(client, &group_version, self.plural).await? {
+                return Ok(Some(version));
             }
         }
         for version in self.versions {
@@ -98,6 +91,20 @@ impl Served {
             self.versions.join(" or "),
             self.plural
         )
+    }
+}
+
+/// Whether the discovery document of `group_version` lists `plural` (a
+/// group version that is not served answers 404: it does not).
+pub(crate) async fn discovery_lists(
+    client: &kube::Client,
+    group_version: &str,
+    plural: &str,
+) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources(group_version).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == plural)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(error) => Err(error),
     }
 }
 

@@ -116,8 +116,7 @@ fn not_served_hint(kind: &str, error: &watcher::Error) -> Option<String> {
     }
     Some(match kind {
         "IPAddressPool" => "the API server does not serve ipaddresspools.metallb.io (404): \
-             install MetalLB's CRD or kube-watcher's (kubectl apply -k deploy/crd/); \
-             no Service gets an address until the pools are listed"
+             install MetalLB's CRD or kube-watcher's (kubectl apply -k deploy/crd/)"
             .to_owned(),
         _ => format!("the API server does not serve {kind} (404)"),
     })

@@ -101,7 +101,14 @@ fn status_patches(stub: &ApiServerStub, name: &str) -> Vec<Recorded> {
 /// Watches of the Cilium pools' collection at `version` (a list alone may
 /// be discovery's confirmation that the kind is not served).
 fn pool_watches(stub: &ApiServerStub, version: &str) -> usize {
-    let path = format!("/apis/cilium.io/{version}/ciliumloadbalancerippools");
+    watches(
+        stub,
+        &format!("/apis/cilium.io/{version}/ciliumloadbalancerippools"),
+    )
+}
+
+/// Watch requests of the collection at `path`.
+fn watches(stub: &ApiServerStub, path: &str) -> usize {
     stub.requests()
         .iter()
         .filter(|r| r.method == "GET" && r.path == path && r.query.contains("watch=true"))
@@ -176,14 +183,14 @@ async fn without_the_crd_the_host_syncs_and_notices_it_installed_later() {
 
 /// Watches of the `IPAddressPool` collection.
 fn metallb_pool_watches(stub: &ApiServerStub) -> usize {
-    stub.requests()
-        .iter()
-        .filter(|r| {
-            r.method == "GET"
-                && r.path == "/apis/metallb.io/v1beta1/ipaddresspools"
-                && r.query.contains("watch=true")
-        })
-        .count()
+    watches(stub, "/apis/metallb.io/v1beta1/ipaddresspools")
+}
+
+/// A Service that asks for the pool `default`.
+fn asking_for_default(name: &str, cluster_ip: &str) -> Value {
+    let mut asking = service("ns", name, cluster_ip);
+    asking["metadata"]["annotations"] = json!({"metallb.io/address-pool": "default"});
+    asking
 }
 
 /// A Cilium-only cluster, without MetalLB's CRD: the host syncs on the
@@ -208,10 +215,7 @@ async fn a_cluster_without_the_ipaddresspool_crd_syncs_on_the_cilium_pools() {
     // MetalLB's CRD installed, with a pool: watched without a restart.
     stub.serve_pools(true);
     stub.create(pool("default", &["192.168.10.0/24"]));
-    let asking = service("ns", "api", "10.96.0.2");
-    let mut asking = asking;
-    asking["metadata"]["annotations"] = json!({"metallb.io/address-pool": "default"});
-    stub.create(asking);
+    stub.create(asking_for_default("api", "10.96.0.2"));
     stub.wait_until("api gets an address of the IPAddressPool", |stub| {
         ingress(&stub.get(Kind::Service, "ns", "api").unwrap()) == ["192.168.10.0"]
     })
@@ -236,9 +240,7 @@ async fn without_discovery_a_list_says_the_pools_are_served() {
     stub.create(namespace("ns"));
     stub.create(pool("default", &["192.168.10.0/24"]));
     stub.create(cilium_pool("blue", json!([{"cidr": "10.1.0.0/24"}])));
-    let mut asking = service("ns", "web", "10.96.0.1");
-    asking["metadata"]["annotations"] = json!({"metallb.io/address-pool": "default"});
-    stub.create(asking);
+    stub.create(asking_for_default("web", "10.96.0.1"));
     let host = Host::start(stub.client("a"), cilium_config("a"));
     stub.wait_until("web gets an address of the IPAddressPool", |stub| {
         ingress(&stub.get(Kind::Service, "ns", "web").unwrap()) == ["192.168.10.0"]

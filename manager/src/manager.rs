@@ -188,15 +188,9 @@ struct Class {
 /// Whether a class waits on some changes of configuration alone
 /// ([`WakeOn::PoolChanged`] and the like): another change leaves it out.
 fn parked(wake_on: &Option<Vec<WakeOn>>) -> bool {
-    let change = |key: &WakeOn| {
-        matches!(
-            key,
-            WakeOn::PoolChanged(_) | WakeOn::PoolCovering(_) | WakeOn::NamespaceChanged(_)
-        )
-    };
     wake_on
         .as_ref()
-        .is_some_and(|keys| !keys.is_empty() && keys.iter().all(change))
+        .is_some_and(|keys| !keys.is_empty() && keys.iter().all(WakeOn::is_change))
 }
 
 /// The Services waiting for an address (docs/allocation.md §4.6), in

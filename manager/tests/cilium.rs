@@ -805,19 +805,16 @@ mod shortcuts {
 
     /// What one step left: its writes and Events, every Service's
     /// addresses and Cilium condition.
-    type Step = (Vec<Record>, Vec<String>);
+    use support::Step;
 
     const KEYS: [&str; 8] = [
         "ns/a", "ns/b", "ns/c", "ns/d", "ns/e", "ns/f", "ns/g", "ns/h",
     ];
 
     fn step(h: &Harness) -> Step {
-        let shown = KEYS
-            .iter()
-            .filter(|key| h.store.service(key).is_some())
-            .map(|key| format!("{key}: {} / {}", h.ips(key), h.cilium(key)))
-            .collect();
-        (h.take(), shown)
+        support::step(h, &KEYS, |key| {
+            format!("{} / {}", h.ips(key), h.cilium(key))
+        })
     }
 
     fn with_status(svc: Svc, ip: &str) -> Svc {

@@ -1956,19 +1956,16 @@ mod cost {
         assert_eq!(h.status(&format!("n{}/s", N - 1)), "10.1.1.143 @prod");
     }
 
-    type Step = (Vec<Record>, Vec<String>);
+    use support::Step;
 
     const PARKED: [&str; 7] = [
         "ns/s1", "ns/s2", "team/s3", "ns/s4", "ns/s5", "ns/s6", "ns/s7",
     ];
 
     fn step(h: &Harness) -> Step {
-        let shown = PARKED
-            .iter()
-            .filter(|key| h.store.service(key).is_some())
-            .map(|key| format!("{key}: {} / {}", h.status(key), h.condition(key)))
-            .collect();
-        (h.take(), shown)
+        support::step(h, &PARKED, |key| {
+            format!("{} / {}", h.status(key), h.condition(key))
+        })
     }
 
     /// Services that failed for the configuration alone (a pool unknown,

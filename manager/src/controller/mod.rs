@@ -111,6 +111,16 @@ pub enum WakeOn {
 }
 
 impl WakeOn {
+    /// A change of configuration ([`WakeOn::PoolChanged`],
+    /// [`WakeOn::PoolCovering`], [`WakeOn::NamespaceChanged`]), which no
+    /// release frees.
+    pub(crate) fn is_change(&self) -> bool {
+        matches!(
+            self,
+            WakeOn::PoolChanged(_) | WakeOn::PoolCovering(_) | WakeOn::NamespaceChanged(_)
+        )
+    }
+
     /// For a key of free addresses in some pools, the key of holders
     /// leaving or changing their terms there (what a Service that may
     /// share can fit into as well).

@@ -794,6 +794,19 @@ pub(crate) fn exhaustive() -> ControllerConfig {
     }
 }
 
+/// What one step of a scenario showed: the records since the last step,
+/// and `key: shown` for each of the keys whose Service exists.
+pub(crate) type Step = (Vec<Record>, Vec<String>);
+
+pub(crate) fn step(h: &Harness, keys: &[&str], shown: impl Fn(&str) -> String) -> Step {
+    let shown = keys
+        .iter()
+        .filter(|key| h.store.service(key).is_some())
+        .map(|key| format!("{key}: {}", shown(key)))
+        .collect();
+    (h.take(), shown)
+}
+
 /// Asserts that the same steps, run with the shortcuts (`fast`) and
 /// without (`full`), showed the same after each.
 pub(crate) fn assert_same_steps<T: PartialEq + std::fmt::Debug>(fast: &[T], full: &[T]) {
