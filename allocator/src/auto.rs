@@ -17,6 +17,7 @@ use std::sync::Arc;
 use crate::pinned::{Fact, Merge, PinnedIndex};
 use crate::pool::{Rules, Subject};
 use crate::small_map::{Keys, SmallSet};
+use crate::verdicts::{UnguardedWalk, Verdicts};
 
 type FastHash = foldhash::fast::RandomState;
 
@@ -25,7 +26,7 @@ type FastHash = foldhash::fast::RandomState;
 pub(crate) type AutoKey = (bool, u64, Arc<str>);
 
 /// A set of rules under the first of its pools in an [`AutoSet`].
-type RulesKey = (AutoKey, Arc<Rules>);
+pub(crate) type RulesKey = (AutoKey, Arc<Rules>);
 
 /// Automatic pools for one question, in the §4.4 order.
 #[derive(Debug, Default)]
@@ -39,6 +40,8 @@ pub(crate) struct AutoSet {
     pinned_keys: BTreeSet<AutoKey>,
     /// The pools that serve every Service.
     unpinned: BTreeSet<AutoKey>,
+    /// What the rules that name no fact answered, per kind of Service.
+    verdicts: Verdicts,
 }
 
 impl AutoSet {
@@ -62,9 +65,21 @@ impl AutoSet {
         pools.insert(key.clone(), ());
         if old_first.as_ref().is_none_or(|first| key < first) {
             if let Some(old) = old_first {
-                self.index.remove(&(old, Arc::clone(rules)), guard);
+                self.index_remove(&(old, Arc::clone(rules)), guard);
             }
-            self.index.insert(&(key.clone(), Arc::clone(rules)), guard);
+            self.index_insert(&(key.clone(), Arc::clone(rules)), guard);
+        }
+    }
+
+    fn index_insert(&mut self, key: &RulesKey, guard: Option<&[Fact]>) {
+        if self.index.insert(key, guard) && guard.is_none() {
+            self.verdicts.changed(key, true);
+        }
+    }
+
+    fn index_remove(&mut self, key: &RulesKey, guard: Option<&[Fact]>) {
+        if self.index.remove(key, guard) && guard.is_none() {
+            self.verdicts.changed(key, false);
         }
     }
 
@@ -90,12 +105,10 @@ impl AutoSet {
         if !was_first {
             return;
         }
-        self.index.remove(&(key.clone(), Arc::clone(rules)), guard);
-        match pools.first_key() {
-            Some(next) => {
-                let next = (next.clone(), Arc::clone(rules));
-                self.index.insert(&next, guard);
-            }
+        let next = pools.first_key().cloned();
+        self.index_remove(&(key.clone(), Arc::clone(rules)), guard);
+        match next {
+            Some(next) => self.index_insert(&(next, Arc::clone(rules)), guard),
             None => {
                 self.pinned.remove(rules);
             }
@@ -149,6 +162,7 @@ impl AutoSet {
         } else {
             Pinned::Grouped(Grouped {
                 rules: self.index.candidates(&subject).peekable(),
+                unguarded: self.unguarded_walk(&subject),
                 heads: BinaryHeap::new(),
                 rest: Vec::new(),
             })
@@ -176,14 +190,34 @@ impl AutoSet {
         } else {
             self.index.candidates(subject)
         };
-        let rules = candidates
+        let mut rules: Vec<_> = candidates
             .filter(|(_, rules)| {
                 step(steps);
                 rules.serves(subject)
             })
             .filter_map(|(_, rules)| self.pinned.get_key_value(rules))
             .collect();
+        if let Some(mut walk) = self.unguarded_walk(subject).filter(|_| !every_pinned) {
+            while let Some((key, known)) = walk.peek() {
+                let serves = known || {
+                    step(steps);
+                    key.1.serves(subject)
+                };
+                if serves {
+                    rules.extend(self.pinned.get_key_value(&key.1));
+                }
+                walk.answer(key, (!known).then_some(serves));
+            }
+            // By first pool, as the walk over the index gives them.
+            rules.sort_unstable_by(|(_, a), (_, b)| a.first_key().cmp(&b.first_key()));
+        }
         Serving { rules }
+    }
+
+    /// The walk of the unguarded rules for `subject`, if there are any.
+    fn unguarded_walk<'a>(&'a self, subject: &Subject<'a>) -> Option<UnguardedWalk<'a>> {
+        let unguarded = self.index.unguarded();
+        (!unguarded.is_empty()).then(|| self.verdicts.walk(unguarded, subject))
     }
 }
 
@@ -242,6 +276,8 @@ enum Pinned<'a> {
 struct Grouped<'a> {
     /// The rules the Service's facts lead to, by first pool.
     rules: Peekable<Merge<'a, RulesKey>>,
+    /// The rules that name no fact, by first pool.
+    unguarded: Option<UnguardedWalk<'a>>,
     /// The next pool of each set of rules that serves it, lowest first,
     /// with the set's place in `rest`.
     heads: BinaryHeap<Reverse<(&'a AutoKey, usize)>>,
@@ -258,38 +294,65 @@ impl<'a> Grouped<'a> {
     ) -> Option<&'a AutoKey> {
         loop {
             let top = self.heads.peek().map(|Reverse((key, _))| *key);
-            let next_rules = self.rules.peek().copied();
-            match (top, next_rules) {
-                // A set of rules whose first pool comes before every pool
-                // found so far: ask it now.
-                (top, Some((first, _))) if top.is_none_or(|top| first < top) => {
-                    let (_, rules) = self.rules.next()?;
-                    if !rules.serves(subject) {
-                        // Counted as the walk over every pool would count
-                        // its first pool; that of a set that serves is
-                        // counted by the caller, who visits it.
-                        step(steps);
-                        continue;
+            let guarded = self.rules.peek().map(|(first, _)| first);
+            let unguarded = self.unguarded.as_mut().and_then(|walk| walk.peek());
+            // The next set of rules by first pool, of either kind.
+            let (first, of_unguarded) = match (guarded, &unguarded) {
+                (Some(first), Some(((other, _), _))) if other < first => (Some(other), true),
+                (Some(first), _) => (Some(first), false),
+                (None, Some(((other, _), _))) => (Some(other), true),
+                (None, None) => (None, false),
+            };
+            // A set of rules whose first pool comes before every pool
+            // found so far: ask it now.
+            if first.is_some_and(|first| top.is_none_or(|top| first < top)) {
+                let serving = match unguarded.filter(|_| of_unguarded) {
+                    Some((key, known)) => self.ask_unguarded(set, key, known, subject),
+                    None => {
+                        let (_, rules) = self.rules.next()?;
+                        rules.serves(subject).then_some(rules)
                     }
-                    let Some(pools) = set.pinned.get(rules) else {
-                        continue;
-                    };
-                    let mut pools = pools.keys();
-                    if let Some(head) = pools.next() {
-                        self.heads.push(Reverse((head, self.rest.len())));
-                        self.rest.push(pools);
-                    }
+                };
+                let Some(rules) = serving else {
+                    // Counted as the walk over every pool would count its
+                    // first pool; that of a set that serves is counted by
+                    // the caller, who visits it.
+                    step(steps);
+                    continue;
+                };
+                let Some(pools) = set.pinned.get(rules) else {
+                    continue;
+                };
+                let mut pools = pools.keys();
+                if let Some(head) = pools.next() {
+                    self.heads.push(Reverse((head, self.rest.len())));
+                    self.rest.push(pools);
                 }
-                (Some(_), _) => {
-                    let Reverse((key, at)) = self.heads.pop()?;
-                    if let Some(next) = self.rest.get_mut(at).and_then(Iterator::next) {
-                        self.heads.push(Reverse((next, at)));
-                    }
-                    return Some(key);
-                }
-                (None, _) => return None,
+                continue;
             }
+            let Reverse((key, at)) = self.heads.pop()?;
+            if let Some(next) = self.rest.get_mut(at).and_then(Iterator::next) {
+                self.heads.push(Reverse((next, at)));
+            }
+            return Some(key);
         }
+    }
+
+    /// Moves the walk of the unguarded rules past `key`, asking it unless
+    /// `known` to serve; the rules when they serve.
+    fn ask_unguarded(
+        &mut self,
+        set: &'a AutoSet,
+        key: RulesKey,
+        known: bool,
+        subject: &Subject<'_>,
+    ) -> Option<&'a Arc<Rules>> {
+        let serves = known || key.1.serves(subject);
+        let rules = set.pinned.get_key_value(&key.1).map(|(rules, _)| rules);
+        if let Some(walk) = self.unguarded.as_mut() {
+            walk.answer(key, (!known).then_some(serves));
+        }
+        rules.filter(|_| serves)
     }
 }
 

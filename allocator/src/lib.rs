@@ -33,6 +33,7 @@ mod request;
 mod selector;
 mod small_map;
 mod used;
+mod verdicts;
 
 #[cfg(test)]
 mod tests;

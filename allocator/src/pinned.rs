@@ -66,14 +66,15 @@ impl<K> Default for PinnedIndex<K> {
 }
 
 impl<K: Ord + Clone> PinnedIndex<K> {
-    /// Adds `key` under each fact of `guard` (under none: unguarded).
-    pub(crate) fn insert(&mut self, key: &K, guard: Option<&[Fact]>) {
+    /// Adds `key` under each fact of `guard` (under none: unguarded);
+    /// whether it was not there yet.
+    pub(crate) fn insert(&mut self, key: &K, guard: Option<&[Fact]>) -> bool {
         if self.all.insert(key.clone(), ()).is_some() {
-            return;
+            return false;
         }
         let Some(facts) = guard else {
             self.unguarded.insert(key.clone(), ());
-            return;
+            return true;
         };
         for fact in facts {
             let set = match fact {
@@ -87,16 +88,18 @@ impl<K: Ord + Clone> PinnedIndex<K> {
             };
             set.insert(key.clone(), ());
         }
+        true
     }
 
-    /// Takes `key` out; `guard` must be the one it was added with.
-    pub(crate) fn remove(&mut self, key: &K, guard: Option<&[Fact]>) {
+    /// Takes `key` out; `guard` must be the one it was added with. Whether
+    /// it was there.
+    pub(crate) fn remove(&mut self, key: &K, guard: Option<&[Fact]>) -> bool {
         if self.all.remove(key).is_none() {
-            return;
+            return false;
         }
         let Some(facts) = guard else {
             self.unguarded.remove(key);
-            return;
+            return true;
         };
         for fact in facts {
             match fact {
@@ -114,6 +117,7 @@ impl<K: Ord + Clone> PinnedIndex<K> {
                 }
             }
         }
+        true
     }
 
     /// Every pool in the index, in order.
@@ -121,13 +125,19 @@ impl<K: Ord + Clone> PinnedIndex<K> {
         &self.all
     }
 
-    /// The pools `subject` may be served by, in order, each once: those
-    /// under one of its facts, and the unguarded ones. One lookup per fact
-    /// of the Service (namespace, name, labels, labels in its namespace,
-    /// Namespace labels); the pools come lazily, so a walk that stops
-    /// early pays only for what it visited.
+    /// The pools whose rules name no fact: every Service may be served by
+    /// them.
+    pub(crate) fn unguarded(&self) -> &SmallSet<K> {
+        &self.unguarded
+    }
+
+    /// The guarded pools `subject` may be served by, in order, each once:
+    /// those under one of its facts ([`PinnedIndex::unguarded`] aside).
+    /// One lookup per fact of the Service (namespace, name, labels, labels
+    /// in its namespace, Namespace labels); the pools come lazily, so a
+    /// walk that stops early pays only for what it visited.
     pub(crate) fn candidates(&self, subject: &Subject<'_>) -> Merge<'_, K> {
-        let mut sets = vec![self.unguarded.keys()];
+        let mut sets = Vec::new();
         sets.extend(self.namespaces.get(subject.namespace).map(SmallSet::keys));
         sets.extend(self.names.get(subject.name).map(SmallSet::keys));
         for (labels, index) in [
@@ -249,7 +259,7 @@ mod tests {
     }
 
     #[test]
-    fn a_service_visits_the_pools_of_its_facts_and_the_unguarded_in_order() {
+    fn a_service_visits_the_pools_of_its_facts_in_order() {
         let mut index = PinnedIndex::default();
         index.insert(&5, Some(&*facts(&[ns("a"), label("app", "web")])));
         index.insert(&1, Some(&*facts(&[ns("b")])));
@@ -272,12 +282,16 @@ mod tests {
             namespace_labels: &namespace_labels,
         };
         let got: Vec<i32> = index.candidates(&subject).copied().collect();
-        // 5 once although under two of its facts.
-        assert_eq!(got, [2, 3, 4, 5]);
-        index.remove(&5, Some(&*facts(&[ns("a"), label("app", "web")])));
-        index.remove(&3, None);
+        // 5 once although under two of its facts; 3 is unguarded.
+        assert_eq!(got, [2, 4, 5]);
+        assert!(index.unguarded().keys().eq([3].iter()));
+        assert!(!index.insert(&3, None), "already there");
+        assert!(index.remove(&5, Some(&*facts(&[ns("a"), label("app", "web")]))));
+        assert!(index.remove(&3, None));
+        assert!(!index.remove(&3, None), "already gone");
         let got: Vec<i32> = index.candidates(&subject).copied().collect();
         assert_eq!(got, [2, 4]);
+        assert!(index.unguarded().is_empty());
         assert!(index.all().contains_key(&6) && !index.all().contains_key(&5));
         // Nothing is left behind once every pool is gone.
         index.remove(&1, Some(&*facts(&[ns("b")])));

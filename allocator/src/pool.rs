@@ -304,6 +304,45 @@ impl Rules {
     pub(crate) fn fingerprint(&self) -> u64 {
         self.fingerprint
     }
+
+    /// Each thing of a Service that [`Rules::serves`] reads: the field,
+    /// the label key (empty for the name and the namespace), and the value
+    /// compared with, or `None` when only its presence counts.
+    pub(crate) fn reads<'a>(
+        &'a self,
+        mut each: impl FnMut(SubjectField, &'a str, Option<&'a str>),
+    ) {
+        // As `unserved`: a Cilium selector alone, with its pseudo-labels.
+        if let Some(selector) = &self.selector {
+            selector.reads(|key, value| match key {
+                SERVICE_NAME_LABEL => each(SubjectField::Name, "", value),
+                SERVICE_NAMESPACE_LABEL => each(SubjectField::Namespace, "", value),
+                _ => each(SubjectField::Label, key, value),
+            });
+            return;
+        }
+        let Some(allocation) = &self.allocation else {
+            return;
+        };
+        for namespace in &allocation.namespaces {
+            each(SubjectField::Namespace, "", Some(namespace));
+        }
+        for selector in &allocation.namespace_selectors {
+            selector.reads(|key, value| each(SubjectField::NamespaceLabel, key, value));
+        }
+        for selector in &allocation.service_selectors {
+            selector.reads(|key, value| each(SubjectField::Label, key, value));
+        }
+    }
+}
+
+/// What of a [`Subject`] a rule may read (see [`Rules::reads`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum SubjectField {
+    Name,
+    Namespace,
+    Label,
+    NamespaceLabel,
 }
 
 /// Equal rules have equal fingerprints: hashing that one number is enough.

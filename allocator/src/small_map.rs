@@ -1,6 +1,7 @@
 //! Small ordered collections that keep one entry inline.
 
 use std::collections::{btree_map, BTreeMap};
+use std::ops::Bound;
 
 /// An ordered map that keeps one entry inline. A `BTreeMap` of one entry
 /// allocates a whole node (hundreds of bytes), and many maps here hold one:
@@ -57,6 +58,21 @@ impl<K: Ord + Clone, V> SmallMap<K, V> {
     /// The lowest key.
     pub(crate) fn first_key(&self) -> Option<&K> {
         self.keys().next()
+    }
+
+    /// The lowest key above `key` (the lowest of all for `None`).
+    pub(crate) fn first_above(&self, key: Option<&K>) -> Option<&K> {
+        let Some(key) = key else {
+            return self.first_key();
+        };
+        match self {
+            SmallMap::Empty => None,
+            SmallMap::One(k, _) => (k > key).then_some(k),
+            SmallMap::Many(map) => map
+                .range((Bound::Excluded(key), Bound::Unbounded))
+                .next()
+                .map(|(k, _)| k),
+        }
     }
 
     /// The entry of the greatest key at or below `key`.
@@ -153,6 +169,11 @@ mod tests {
             assert_eq!(set.insert(key, ()).is_none(), model.insert(key));
             assert!(set.keys().eq(model.iter()));
             assert_eq!(set.first_key(), model.first());
+            for probe in [0, key, key + 1, 99] {
+                let above = model.range(probe + 1..).next();
+                assert_eq!(set.first_above(Some(&probe)), above, "above {probe}");
+            }
+            assert_eq!(set.first_above(None), model.first());
         }
         assert!(matches!(set, SmallMap::Many(_)));
         for &key in keys.iter().rev().chain([99].iter()) {

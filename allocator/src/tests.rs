@@ -2619,6 +2619,151 @@ mod pinned_index {
         assert_eq!(a.steps() - before, 3);
     }
 
+    /// P pinned pools whose rules name no fact (`team NotIn [x, yK]`, all
+    /// different), then an unpinned one; Services in a `team: x` Namespace
+    /// are refused by every pinned one. Returns the answers (pool per
+    /// Service) and the steps the Services took.
+    fn refused_by_every_unguarded(
+        pools: u32,
+        services: u32,
+        every_pinned: bool,
+    ) -> (Vec<String>, u64) {
+        let mut a = Allocator::new();
+        a.every_pinned = every_pinned;
+        for p in 0..pools {
+            let not_x = selector(&[], &[("team", "NotIn", &["x", &format!("y{p}")])]);
+            let allocation = ServiceAllocationSpec {
+                priority: Some(1),
+                namespace_selectors: vec![not_x],
+                ..Default::default()
+            };
+            let cidr = format!("10.{}.{}.0/30", p / 256, p % 256);
+            a.set_pool(&format!("p{p:05}"), &metallb(&[&cidr], allocation));
+        }
+        a.set_pool("rest", &pool_spec(&["10.200.0.0/16"]));
+        let before = a.steps();
+        let mut answers = Vec::new();
+        for i in 0..services {
+            let mut service = svc(&format!("x/s{i}"));
+            service.namespace_labels = labels(&[("team", "x")]);
+            // Labels no rule reads do not tell Services apart.
+            service.labels = labels(&[("app", &format!("a{i}"))]);
+            answers.push(
+                a.allocate(&service.req())
+                    .map(|held| held.pool)
+                    .unwrap_or_default(),
+            );
+        }
+        // One the pinned pools serve: asked again only past those known.
+        let mut other = svc("y/s");
+        other.namespace_labels = labels(&[("team", "z")]);
+        answers.push(
+            a.allocate(&other.req())
+                .map(|held| held.pool)
+                .unwrap_or_default(),
+        );
+        (answers, a.steps() - before)
+    }
+
+    /// Rules that name no fact and all refuse a Service are asked once
+    /// per kind of Service, not once per Service: N Services cost N plus
+    /// the P sets of rules (the walk over them took N × P).
+    #[test]
+    fn services_alike_ask_the_rules_that_name_no_fact_once() {
+        const P: u32 = 200;
+        const N: u32 = 1000;
+        let (answers, steps) = refused_by_every_unguarded(P, N, false);
+        let (walked, walked_steps) = refused_by_every_unguarded(P, N, true);
+        assert_eq!(answers, walked);
+        assert!(answers[..N as usize].iter().all(|pool| pool == "rest"));
+        assert_eq!(answers.last().map(String::as_str), Some("p00000"));
+        // Per Service: the unpinned pool and its lowest free address; once,
+        // the P refusals; the last Service, its first pool.
+        assert!(
+            steps <= 2 * u64::from(N) + u64::from(P) + 10,
+            "{steps} steps"
+        );
+        assert!(
+            walked_steps >= u64::from(N) * u64::from(P),
+            "{walked_steps} steps"
+        );
+    }
+
+    /// The answers kept per kind of Service follow the rules that name no
+    /// fact as they come and go, past the changes kept to replay too:
+    /// every answer is the walk's over every pinned pool.
+    #[test]
+    fn answers_kept_for_services_alike_follow_the_rules_as_they_change() {
+        let pinned = |priority: i64, rule: (&str, &str, &[&str])| ServiceAllocationSpec {
+            priority: Some(priority),
+            service_selectors: vec![selector(&[], &[rule])],
+            ..Default::default()
+        };
+        let run = |every_pinned: bool| {
+            let mut a = Allocator::new();
+            a.every_pinned = every_pinned;
+            a.set_pool("z-rest", &pool_spec(&["10.200.0.0/16"]));
+            let mut answers = Vec::new();
+            let mut ask = |a: &mut Allocator, app: Option<&str>, i: &mut u32| {
+                *i += 1;
+                let mut service = svc(&format!("ns/s{i}"));
+                service.labels = app.map(|app| labels(&[("app", app)])).unwrap_or_default();
+                let held = a.allocate(&service.req()).map(|held| held.pool);
+                answers.push(format!("{app:?} {}", held.unwrap_or_default()));
+            };
+            let mut i = 0;
+            let apps = [Some("db"), Some("web"), Some("other"), None];
+            let not_db = pinned(1, ("app", "NotIn", &["db"]));
+            a.set_pool("b-not-db", &metallb(&["10.1.0.0/24"], not_db));
+            apps.iter().for_each(|app| ask(&mut a, *app, &mut i));
+            // Before it, for Services without the label only.
+            let without = pinned(1, ("app", "DoesNotExist", &[]));
+            a.set_pool("a-without", &metallb(&["10.2.0.0/24"], without));
+            apps.iter().for_each(|app| ask(&mut a, *app, &mut i));
+            // More changes than are kept to replay, then a value listed
+            // that was another before.
+            for k in 0..6 {
+                let not_web = pinned(2, ("app", "NotIn", &["web", "db"]));
+                a.set_pool(
+                    &format!("c{k}-not-web"),
+                    &metallb(&[&format!("10.3.{k}.0/24")], not_web),
+                );
+            }
+            a.remove_pool("b-not-db");
+            a.remove_pool("a-without");
+            apps.iter().for_each(|app| ask(&mut a, *app, &mut i));
+            let other = pinned(1, ("app", "In", &["other"]));
+            a.set_pool("d-other", &metallb(&["10.4.0.0/24"], other));
+            let exists = pinned(1, ("app", "Exists", &[]));
+            a.set_pool("e-any", &metallb(&["10.5.0.0/24"], exists));
+            apps.iter().for_each(|app| ask(&mut a, *app, &mut i));
+            answers
+        };
+        let answers = run(false);
+        assert_eq!(answers, run(true));
+        assert_eq!(
+            answers,
+            [
+                r#"Some("db") z-rest"#,
+                r#"Some("web") b-not-db"#,
+                r#"Some("other") b-not-db"#,
+                "None b-not-db",
+                r#"Some("db") z-rest"#,
+                r#"Some("web") b-not-db"#,
+                r#"Some("other") b-not-db"#,
+                "None a-without",
+                r#"Some("db") z-rest"#,
+                r#"Some("web") z-rest"#,
+                r#"Some("other") c0-not-web"#,
+                "None c0-not-web",
+                r#"Some("db") e-any"#,
+                r#"Some("web") e-any"#,
+                r#"Some("other") d-other"#,
+                "None c0-not-web",
+            ]
+        );
+    }
+
     const NAMESPACES: [&str; 3] = ["a", "b", "c"];
     const NAMES: [&str; 3] = ["s0", "s1", "s2"];
     const KEYS: [&str; 4] = ["app", "tier", SERVICE_NAMESPACE_LABEL, SERVICE_NAME_LABEL];

@@ -1881,6 +1881,13 @@ const GROWTH_SHAPES: &[GrowthShape] = &[
         },
     },
     GrowthShape {
+        name: "rules_refusing_all",
+        what: "N/20 pools each serving the Namespaces labelled team NotIn [x, y-K] (rules that name no fact, all different), then one for every Service; N Services over 50 Namespaces labelled team: x",
+        exception: None,
+        stream: rules_refusing_all_stream,
+        expect: expect_all,
+    },
+    GrowthShape {
         name: "realistic",
         what: "N Services as `kubectl get -o json` prints them (labels, annotations, managedFields, nodePorts)",
         exception: None,
@@ -2621,6 +2628,47 @@ fn pools_after_services_stream(n: usize) -> Result<Vec<u8>> {
     for k in 0..pools {
         let spec = format!(r#"{{"addresses":["{}/26"]}}"#, Ipv4Addr::from(first(k)));
         pool_with(&mut out, &format!("pool-{k}"), &spec)?;
+    }
+    Ok(out)
+}
+
+/// N/20 pools of a /28 each, pool K serving the Namespaces whose `team`
+/// label is not `x` nor `y-K` (a `NotIn` rule names no fact a Service must
+/// have, so the pinned pools' index cannot leave it out), then a pool for
+/// every Service; 50 Namespaces labelled `team: x`, and N Services over
+/// them with labels no rule reads. Every pinned pool refuses every
+/// Service: they must be asked once for all of them, not once per Service
+/// (docs/allocation.md §4.9).
+fn rules_refusing_all_stream(n: usize) -> Result<Vec<u8>> {
+    let pools = (n / 20).max(1);
+    let mut out = Vec::with_capacity(n * 260 + pools * 300);
+    for k in 0..NAMESPACES {
+        writeln!(
+            out,
+            r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"ns-{k}","labels":{{"team":"x"}}}}}}}}"#
+        )?;
+    }
+    for k in 0..pools {
+        let first = 0x0A00_0000_u32.wrapping_add(u32::try_from(k).unwrap_or(0).wrapping_mul(16));
+        pool_with(
+            &mut out,
+            &format!("pool-{k}"),
+            &format!(
+                r#"{{"addresses":["{}/28"],"serviceAllocation":{{"priority":1,"namespaceSelectors":[{{"matchExpressions":[{{"key":"team","operator":"NotIn","values":["x","y-{k}"]}}]}}]}}}}"#,
+                Ipv4Addr::from(first)
+            ),
+        )?;
+    }
+    pool_line(&mut out, "ADDED", "rest", &[POOL_V4])?;
+    for i in 0..n {
+        service_line(
+            &mut out,
+            "ADDED",
+            (&namespace_of(i), &format!("svc-{i}")),
+            &format!(r#","labels":{{"app":"app-{}"}}"#, i % 100),
+            "",
+            PORT_80,
+        )?;
     }
     Ok(out)
 }
