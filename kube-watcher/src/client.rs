@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
+use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Reporter};
 use kube::Resource;
 use manager::{
     pool_annotation, CiliumConditionChange, Client, ClientError, ConditionKind, Event, EventType,
@@ -463,11 +463,9 @@ async fn publish(
         tracing::debug!(key = %queued.key, "not the leader: Event dropped");
         return;
     }
-    // A recorder per Event: kube's recorder folds an Event into an earlier
-    // one of the same reason (keeping the earlier note), which would show a
-    // stale address; each of ours is a new Event.
-    let recorder = Recorder::new(client.clone(), reporter.clone());
-    if let Err(error) = recorder.publish(&queued.event, &queued.reference).await {
+    if let Err(error) =
+        crate::events::publish(client, reporter, &queued.event, &queued.reference).await
+    {
         errors.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
             key = %queued.key,

@@ -41,6 +41,7 @@ pub(crate) mod client;
 pub(crate) mod config_state;
 pub mod crd;
 pub(crate) mod discovered;
+pub(crate) mod events;
 pub(crate) mod host;
 pub(crate) mod lean;
 pub(crate) mod lease;

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use allocator::{PoolKind, PoolStats, RejectedPool};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event as KubeEvent, EventType, Reporter};
 use kube::Resource;
 use manager::AllocatingController;
 use serde_json::{json, Value};
@@ -713,8 +713,9 @@ impl PoolStatusWriter {
                 action: EVENT_ACTION.to_owned(),
                 secondary: None,
             };
-            let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-            if let Err(error) = recorder.publish(&event, &reference).await {
+            let published =
+                crate::events::publish(&self.client, &self.reporter, &event, &reference).await;
+            if let Err(error) = published {
                 self.retries
                     .failed(Write::Event, id, now, self.period, &error);
                 return;

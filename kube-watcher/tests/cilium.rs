@@ -420,6 +420,32 @@ async fn a_conflict_is_shown_then_resolved() {
     host.shutdown().await;
 }
 
+/// A pool name of 253 characters (the most a name may have) still gets its
+/// Warning: the Event's own name, `{object}.{nanoseconds}`, is cut to fit
+/// (the API server refuses a longer one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_with_the_longest_name_gets_its_event() {
+    let stub = ApiServerStub::start().await;
+    stub.serve_cilium(&["v2"]);
+    let long = format!("{}abc", "pool.".repeat(50));
+    assert_eq!(long.len(), 253);
+    stub.create(cilium_pool(&long, json!([{"cidr": "10.1.0.0/33"}])));
+    let host = Host::start(stub.client("a"), cilium_config("a"));
+    stub.wait_until("the long-named pool is warned about", |stub| {
+        stub.events()
+            .iter()
+            .any(|e| e["regarding"]["name"] == long.as_str())
+    })
+    .await;
+    let events: Vec<Value> = stub.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let name = events[0]["metadata"]["name"].as_str().unwrap_or_default();
+    assert!(name.len() <= 253, "{name}");
+    assert!(name.starts_with("pool.pool."), "{name}");
+    assert_eq!(events[0]["reason"], "InvalidPool");
+    host.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_pool_gets_an_event_and_no_cilium_condition() {
     let stub = ApiServerStub::start().await;

@@ -953,6 +953,14 @@ impl Server {
             },
             (Method::POST, Target::Namespaced(kind, namespace)) => {
                 let mut object = body;
+                // As an API server: a name is a DNS subdomain.
+                let name = object["metadata"]["name"].as_str().unwrap_or_default();
+                if name.len() > 253 {
+                    let message = format!(
+                        "metadata.name: Invalid value: {name:?}: must be no more than 253 characters"
+                    );
+                    return status(422, "Invalid", &message);
+                }
                 object["metadata"]["namespace"] = json!(namespace);
                 // A kind with a status subresource ignores status on create.
                 if kind == Kind::ConfigurationState {
