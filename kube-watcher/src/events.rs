@@ -20,6 +20,11 @@ use kube::runtime::events::{Event, EventType, Reporter};
 /// The longest name of an object (a DNS subdomain).
 const MAX_NAME: usize = 253;
 
+/// The longest `reportingInstance` the API server takes (in bytes); ours
+/// is the Lease identity, `$POD_NAME_pid` or `--identity`, which may be
+/// longer.
+const MAX_INSTANCE: usize = 128;
+
 /// Creates `event` about `regarding`, in its namespace (`default` for a
 /// cluster-scoped object, as kube's recorder does).
 pub(crate) async fn publish(
@@ -59,10 +64,11 @@ fn build(
         },
         reporting_controller: Some(reporter.controller.clone()),
         reporting_instance: Some(
-            reporter
-                .instance
-                .clone()
-                .unwrap_or_else(|| reporter.controller.clone()),
+            cut(
+                reporter.instance.as_deref().unwrap_or(&reporter.controller),
+                MAX_INSTANCE,
+            )
+            .to_owned(),
         ),
         type_: Some(
             match event.type_ {
@@ -81,16 +87,17 @@ fn build(
 /// ending in `-` or `.` where it was cut).
 fn event_name(object: &str, nanos: i128) -> String {
     let suffix = format!(".{nanos:x}");
-    let room = MAX_NAME.saturating_sub(suffix.len());
-    let mut cut = object.len().min(room);
-    while !object.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    let head = object
-        .get(..cut)
-        .unwrap_or_default()
-        .trim_end_matches(['-', '.']);
+    let head = cut(object, MAX_NAME.saturating_sub(suffix.len())).trim_end_matches(['-', '.']);
     format!("{head}{suffix}")
+}
+
+/// The longest start of `text` of at most `max` bytes.
+fn cut(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -141,5 +148,29 @@ mod tests {
         assert_eq!(json["reportingInstance"], "pod-a");
         assert_eq!(json["regarding"]["name"], "green");
         assert_eq!(json["eventTime"], "2023-11-14T22:13:20.000000Z");
+    }
+
+    #[test]
+    fn a_long_identity_is_cut_to_the_reporting_instance_limit() {
+        let reporter = Reporter {
+            controller: "kube-watcher".into(),
+            instance: Some(format!("a{}_4242", "é".repeat(100))),
+        };
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "IPAllocated".into(),
+            note: None,
+            action: "Allocate".into(),
+            secondary: None,
+        };
+        let built = build(
+            &reporter,
+            &event,
+            &ObjectReference::default(),
+            Timestamp::UNIX_EPOCH,
+        );
+        let instance = built.reporting_instance.unwrap_or_default();
+        // 128 bytes end inside the 64th 'é': the cut moves before it.
+        assert_eq!(instance, format!("a{}", "é".repeat(63)));
     }
 }

@@ -45,6 +45,29 @@ async fn wait_for_ips(stub: &ApiServerStub, name: &str, ips: &[&str]) {
     .await;
 }
 
+/// A replica whose identity (the Lease holder, `$POD_NAME_pid` or
+/// `--identity`) is longer than the 128 characters an Event's
+/// `reportingInstance` may have still gets its Events taken: the instance
+/// is cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_identity_still_gets_its_events() {
+    let stub = cluster().await;
+    let identity = format!("{}_4242", "lb-".repeat(60));
+    let host = Host::start(stub.client("a"), config(&identity));
+    wait_for_ips(&stub, "web", &["192.168.10.0"]).await;
+    stub.wait_until("an IPAllocated event", |stub| {
+        stub.events().iter().any(|e| e["reason"] == "IPAllocated")
+    })
+    .await;
+    let event = stub
+        .events()
+        .into_iter()
+        .find(|e| e["reason"] == "IPAllocated")
+        .unwrap();
+    assert_eq!(event["reportingInstance"], identity[..128]);
+    host.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocates_with_merge_patches_events_and_pool_status() {
     let stub = cluster().await;

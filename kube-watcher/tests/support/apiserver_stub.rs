@@ -961,6 +961,18 @@ impl Server {
                     );
                     return status(422, "Invalid", &message);
                 }
+                // And the limits of events.k8s.io/v1 on a new Event.
+                if kind == Kind::Event {
+                    for (field, max) in [("note", 1024), ("reportingInstance", 128)] {
+                        let text = object[field].as_str().unwrap_or_default();
+                        if text.len() > max {
+                            let message = format!(
+                                "{field}: Invalid value: {text:?}: must have at most {max} characters"
+                            );
+                            return status(422, "Invalid", &message);
+                        }
+                    }
+                }
                 object["metadata"]["namespace"] = json!(namespace);
                 // A kind with a status subresource ignores status on create.
                 if kind == Kind::ConfigurationState {
