@@ -8,7 +8,7 @@
 //! Service visits it). A guard is necessary, not sufficient: the pools a
 //! Service visits must still be asked whether they serve it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::iter::Peekable;
 
 use crate::pool::Subject;
@@ -151,16 +151,32 @@ impl<K: Ord + Clone> PinnedIndex<K> {
             let Some(index) = index.filter(|index| !index.is_empty()) else {
                 continue;
             };
-            for (k, v) in labels {
-                sets.extend(
-                    index
-                        .get(k)
-                        .and_then(|values| values.get(v))
-                        .map(SmallSet::keys),
-                );
-            }
+            labels_indexed(labels, index, |set| sets.push(set.keys()));
         }
         Merge::new(sets)
+    }
+}
+
+/// Each set of `index` under a label `labels` has, looked up from the
+/// smaller side: a Namespace with thousands of labels costs a Service the
+/// label keys the pools name, not its every label.
+fn labels_indexed<'i, V>(
+    labels: &BTreeMap<String, String>,
+    index: &'i HashMap<String, HashMap<String, V, FastHash>, FastHash>,
+    mut each: impl FnMut(&'i V),
+) {
+    if labels.len() <= index.len() {
+        for (key, value) in labels {
+            if let Some(set) = index.get(key).and_then(|values| values.get(value)) {
+                each(set);
+            }
+        }
+    } else {
+        for (key, values) in index {
+            if let Some(set) = labels.get(key).and_then(|value| values.get(value)) {
+                each(set);
+            }
+        }
     }
 }
 
@@ -307,5 +323,39 @@ mod tests {
         assert!(index.all().is_empty());
         assert!(index.namespaces.is_empty() && index.names.is_empty());
         assert!(index.labels.is_empty() && index.namespace_labels.is_empty());
+    }
+
+    /// Labels are looked up from the smaller side, the Service's (or its
+    /// Namespace's) or the index's: either way the same pools.
+    #[test]
+    fn many_labels_or_few_find_the_same_pools() {
+        let mut index = PinnedIndex::default();
+        index.insert(&1, Some(&*facts(&[label("app", "web")])));
+        index.insert(&2, Some(&*facts(&[label("tier", "gold")])));
+        index.insert(&3, Some(&*facts(&[label("zone", "a")])));
+        let ns_gold = Fact::NamespaceLabel("tier".into(), "gold".into());
+        index.insert(&4, Some(&*facts(&[ns_gold])));
+        let few: BTreeMap<String, String> = [("tier".into(), "gold".into())].into();
+        let mut many: BTreeMap<String, String> =
+            (0..1000).map(|i| (format!("k{i}"), "x".into())).collect();
+        many.insert("app".into(), "web".into());
+        many.insert("zone".into(), "b".into());
+        let no_labels = BTreeMap::new();
+        let ask = |labels: &BTreeMap<String, String>,
+                   namespace_labels: &BTreeMap<String, String>| {
+            let subject = Subject {
+                name: "s",
+                namespace: "n",
+                labels,
+                namespace_labels,
+            };
+            index.candidates(&subject).copied().collect::<Vec<i32>>()
+        };
+        assert_eq!(ask(&few, &no_labels), [2]);
+        assert_eq!(ask(&many, &no_labels), [1]);
+        assert_eq!(ask(&few, &many), [2]);
+        let mut many_gold = many.clone();
+        many_gold.insert("tier".into(), "gold".into());
+        assert_eq!(ask(&many_gold, &many_gold), [1, 2, 4]);
     }
 }

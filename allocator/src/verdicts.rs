@@ -119,9 +119,23 @@ impl Reads {
             if by_key.is_empty() {
                 continue;
             }
-            for (key, value) in labels {
-                if let Some(reads) = by_key.get(key.as_str()) {
-                    parts.push((field, key.as_str(), reads.canonical(value)));
+            // From the smaller side, as the index does; in key order either
+            // way, so that equal signatures hash alike.
+            if labels.len() <= by_key.len() {
+                for (key, value) in labels {
+                    if let Some(reads) = by_key.get(key.as_str()) {
+                        parts.push((field, key.as_str(), reads.canonical(value)));
+                    }
+                }
+            } else {
+                let start = parts.len();
+                for (key, reads) in by_key {
+                    if let Some((key, value)) = labels.get_key_value(key.as_str()) {
+                        parts.push((field, key.as_str(), reads.canonical(value)));
+                    }
+                }
+                if let Some(added) = parts.get_mut(start..) {
+                    added.sort_unstable_by(|a, b| a.1.cmp(b.1));
                 }
             }
         }
@@ -382,5 +396,47 @@ impl UnguardedWalk<'_> {
         }
         self.after = Some(key);
         self.peeked = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn read(values: &[&str]) -> KeyReads {
+        KeyReads {
+            readers: 1,
+            values: values.iter().map(|v| ((*v).to_owned(), 1)).collect(),
+        }
+    }
+
+    /// A signature is the same whichever side its labels are read from
+    /// (the Service's labels when fewer than the keys read, else the keys
+    /// read), and in key order.
+    #[test]
+    fn a_signature_reads_the_smaller_side_in_key_order() {
+        let mut reads = Reads::default();
+        for key in ["team", "app", "zone", "tier"] {
+            reads.labels.insert(key.to_owned(), read(&["x"]));
+        }
+        let few: BTreeMap<String, String> =
+            [("app".into(), "x".into()), ("zone".into(), "y".into())].into();
+        let mut many: BTreeMap<String, String> =
+            (0..100).map(|i| (format!("k{i}"), "x".into())).collect();
+        many.extend(few.clone());
+        let no_labels = BTreeMap::new();
+        let subject = |labels| Subject {
+            name: "s",
+            namespace: "n",
+            labels,
+            namespace_labels: &no_labels,
+        };
+        let expected = vec![
+            (SubjectField::Label, "app", Some("x")),
+            (SubjectField::Label, "zone", None),
+        ];
+        assert_eq!(reads.signature(&subject(&few)), expected);
+        assert_eq!(reads.signature(&subject(&many)), expected);
     }
 }
