@@ -160,7 +160,7 @@ impl<K: Ord + Clone> PinnedIndex<K> {
 /// Each set of `index` under a label `labels` has, looked up from the
 /// smaller side: a Namespace with thousands of labels costs a Service the
 /// label keys the pools name, not its every label.
-fn labels_indexed<'i, V>(
+pub(crate) fn labels_indexed<'i, V>(
     labels: &BTreeMap<String, String>,
     index: &'i HashMap<String, HashMap<String, V, FastHash>, FastHash>,
     mut each: impl FnMut(&'i V),

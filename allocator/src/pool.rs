@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use crate::addr::{from_int, to_int, Family, Usable};
 use crate::count::AddressCount;
 use crate::pinned::Fact;
-use crate::selector::{Selector, SelectorError};
+use crate::selector::{Selector, SelectorError, Selectors};
 use crate::spec::{IPAddressPoolSpec, LabelSelectorSpec};
 use pool_types::cilium::{CiliumBlock, CiliumLoadBalancerIPPoolSpec};
 
@@ -257,8 +257,8 @@ pub struct ServiceAllocation {
     /// Sorted, each once: most pools list one namespace, and a slice of
     /// one costs that one (a `BTreeSet` allocates a whole node).
     namespaces: Box<[String]>,
-    namespace_selectors: Vec<Selector>,
-    service_selectors: Vec<Selector>,
+    namespace_selectors: Selectors,
+    service_selectors: Selectors,
 }
 
 /// What a pool needs to know about a Service to decide whether it serves it.
@@ -387,11 +387,8 @@ impl ServiceAllocation {
     /// The first rule that leaves `subject` out, if any.
     fn unserved(&self, subject: &Subject<'_>) -> Option<Unserved> {
         let namespace_ok = self.admits_namespace(subject.namespace, subject.namespace_labels);
-        let service_ok = self.service_selectors.is_empty()
-            || self
-                .service_selectors
-                .iter()
-                .any(|s| s.matches(subject.labels));
+        let service_ok =
+            self.service_selectors.is_empty() || self.service_selectors.any_matches(subject.labels);
         match (namespace_ok, service_ok) {
             (false, _) => Some(Unserved::Namespace),
             (true, false) => Some(Unserved::ServiceSelector),
@@ -415,7 +412,7 @@ impl ServiceAllocation {
                 .namespaces
                 .binary_search_by(|listed| listed.as_str().cmp(namespace))
                 .is_ok()
-            || self.namespace_selectors.iter().any(|s| s.matches(labels))
+            || self.namespace_selectors.any_matches(labels)
     }
 
     pub(crate) fn namespace_selectors(&self) -> &[Selector] {
@@ -899,13 +896,15 @@ fn parse_selectors(
     specs: &[LabelSelectorSpec],
 ) -> Result<Vec<Selector>, PoolError> {
     let mut selectors: Vec<Selector> = Vec::with_capacity(specs.len());
+    let mut seen: BTreeSet<Selector> = BTreeSet::new();
     for (index, spec) in specs.iter().enumerate() {
         let selector = Selector::parse(spec).map_err(|source| PoolError::BadSelector {
             field,
             index,
             source,
         })?;
-        if selectors.contains(&selector) {
+        // A set, not a search of the list: one line may hold thousands.
+        if !seen.insert(selector.clone()) {
             return Err(PoolError::DuplicateSelector { field, index });
         }
         selectors.push(selector);
@@ -932,8 +931,14 @@ fn parse_allocation(
     Ok(ServiceAllocation {
         priority,
         namespaces: namespaces.into_iter().collect(),
-        namespace_selectors: parse_selectors("namespaceSelectors", &spec.namespace_selectors)?,
-        service_selectors: parse_selectors("serviceSelectors", &spec.service_selectors)?,
+        namespace_selectors: Selectors::new(parse_selectors(
+            "namespaceSelectors",
+            &spec.namespace_selectors,
+        )?),
+        service_selectors: Selectors::new(parse_selectors(
+            "serviceSelectors",
+            &spec.service_selectors,
+        )?),
     })
 }
 

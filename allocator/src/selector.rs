@@ -1,9 +1,13 @@
 //! Kubernetes label selectors (matchLabels and matchExpressions), validated.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
+use crate::pinned::labels_indexed;
+
 use crate::spec::LabelSelectorSpec;
+
+type FastHash = foldhash::fast::RandomState;
 
 /// A validated label selector.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -158,6 +162,109 @@ impl Selector {
     }
 }
 
+/// Selectors of which any one may match (`serviceSelectors`,
+/// `namespaceSelectors`). A long list is indexed by the label pairs each
+/// selector requires (see [`Selector::required_pairs`]), so a label set is
+/// checked against the selectors its labels lead to and those that
+/// require none, not against every one (docs/allocation.md §4.9).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Selectors {
+    list: Vec<Selector>,
+    index: Option<Box<SelectorIndex>>,
+}
+
+/// The positions in a [`Selectors`] list by required label pair, and those
+/// of the selectors that require none.
+#[derive(Clone, Debug, Default)]
+struct SelectorIndex {
+    by_pair: HashMap<String, HashMap<String, Vec<usize>, FastHash>, FastHash>,
+    unguarded: Vec<usize>,
+}
+
+/// Lists shorter than this are walked: an index would cost more.
+const INDEXED_FROM: usize = 8;
+
+impl Selectors {
+    pub(crate) fn new(list: Vec<Selector>) -> Selectors {
+        let index = (list.len() >= INDEXED_FROM).then(|| {
+            let mut index = SelectorIndex::default();
+            for (at, selector) in list.iter().enumerate() {
+                match selector.required_pairs(|_| Some(0)) {
+                    Some(pairs) => {
+                        for (key, value) in pairs {
+                            let values = index.by_pair.entry(key.to_owned()).or_default();
+                            values.entry(value.to_owned()).or_default().push(at);
+                        }
+                    }
+                    None => index.unguarded.push(at),
+                }
+            }
+            Box::new(index)
+        });
+        Selectors { list, index }
+    }
+
+    /// Whether any selector matches `labels`.
+    pub(crate) fn any_matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let matches = |at: &usize| self.list.get(*at).is_some_and(|s| s.matches(labels));
+        let Some(index) = &self.index else {
+            return self.list.iter().any(|s| s.matches(labels));
+        };
+        if index.unguarded.iter().any(matches) {
+            return true;
+        }
+        let mut found = false;
+        labels_indexed(labels, &index.by_pair, |positions| {
+            found = found || positions.iter().any(matches);
+        });
+        found
+    }
+}
+
+impl std::ops::Deref for Selectors {
+    type Target = [Selector];
+
+    fn deref(&self) -> &[Selector] {
+        &self.list
+    }
+}
+
+impl<'a> IntoIterator for &'a Selectors {
+    type Item = &'a Selector;
+    type IntoIter = std::slice::Iter<'a, Selector>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.list.iter()
+    }
+}
+
+// Equal lists are equal selectors: the index follows from the list.
+impl PartialEq for Selectors {
+    fn eq(&self, other: &Selectors) -> bool {
+        self.list == other.list
+    }
+}
+
+impl Eq for Selectors {}
+
+impl PartialOrd for Selectors {
+    fn partial_cmp(&self, other: &Selectors) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Selectors {
+    fn cmp(&self, other: &Selectors) -> std::cmp::Ordering {
+        self.list.cmp(&other.list)
+    }
+}
+
+impl std::hash::Hash for Selectors {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.list.hash(state);
+    }
+}
+
 impl fmt::Display for Selector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts: Vec<String> = self
@@ -216,6 +323,70 @@ pub(crate) mod tests {
 
     fn expression(key: &str, operator: &str, values: &[&str]) -> LabelSelectorSpec {
         spec(&[], &[(key, operator, values)])
+    }
+
+    /// A long list, indexed, answers as the walk of every selector: for
+    /// each label set over the keys and values the selectors name (and one
+    /// they do not), with the list at every length from 1 (walked) to past
+    /// the index's threshold.
+    #[test]
+    fn an_indexed_list_matches_as_any_of_its_selectors() {
+        let specs = [
+            spec(&[("app", "web")], &[]),
+            spec(&[("app", "db"), ("tier", "gold")], &[]),
+            expression("tier", "In", &["gold", "silver"]),
+            expression("app", "NotIn", &["web"]),
+            expression("zone", "Exists", &[]),
+            spec(&[("zone", "a")], &[("app", "DoesNotExist", &[])]),
+            expression("tier", "DoesNotExist", &[]),
+            spec(&[("app", "api")], &[("tier", "In", &["bronze"])]),
+            spec(&[("app", "web")], &[("zone", "NotIn", &["b"])]),
+            expression("app", "In", &["cache", "queue"]),
+            spec(&[], &[]),
+        ];
+        let selectors: Vec<Selector> = specs
+            .iter()
+            .filter_map(|s| Selector::parse(s).ok())
+            .collect();
+        assert_eq!(selectors.len(), specs.len());
+        let values = |key| match key {
+            "app" => ["web", "db", "api", "cache", "other"].as_slice(),
+            "tier" => ["gold", "silver", "bronze", "other"].as_slice(),
+            _ => ["a", "b"].as_slice(),
+        };
+        let mut label_sets = vec![BTreeMap::new()];
+        for key in ["app", "tier", "zone"] {
+            let mut more = Vec::new();
+            for set in &label_sets {
+                for value in values(key) {
+                    let mut with = set.clone();
+                    with.insert(key.to_owned(), (*value).to_owned());
+                    more.push(with);
+                }
+            }
+            label_sets.extend(more);
+        }
+        for length in 1..=selectors.len() {
+            for start in 0..selectors.len() {
+                let list: Vec<Selector> = selectors
+                    .iter()
+                    .cycle()
+                    .skip(start)
+                    .take(length)
+                    .cloned()
+                    .collect();
+                let indexed = Selectors::new(list.clone());
+                assert_eq!(indexed.index.is_some(), length >= INDEXED_FROM);
+                for labels in &label_sets {
+                    let walked = list.iter().any(|s| s.matches(labels));
+                    assert_eq!(
+                        indexed.any_matches(labels),
+                        walked,
+                        "{list:?} on {labels:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
