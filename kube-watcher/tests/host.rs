@@ -45,6 +45,18 @@ async fn wait_for_ips(stub: &ApiServerStub, name: &str, ips: &[&str]) {
     .await;
 }
 
+/// The first `IPAllocated` Event the server took, once there is one.
+async fn first_allocated_event(stub: &ApiServerStub) -> serde_json::Value {
+    stub.wait_until("an IPAllocated event", |stub| {
+        stub.events().iter().any(|e| e["reason"] == "IPAllocated")
+    })
+    .await;
+    stub.events()
+        .into_iter()
+        .find(|e| e["reason"] == "IPAllocated")
+        .unwrap_or_default()
+}
+
 /// A replica whose identity (the Lease holder, `$POD_NAME_pid` or
 /// `--identity`) is longer than the 128 characters an Event's
 /// `reportingInstance` may have still gets its Events taken: the instance
@@ -55,15 +67,7 @@ async fn a_long_identity_still_gets_its_events() {
     let identity = format!("{}_4242", "lb-".repeat(60));
     let host = Host::start(stub.client("a"), config(&identity));
     wait_for_ips(&stub, "web", &["192.168.10.0"]).await;
-    stub.wait_until("an IPAllocated event", |stub| {
-        stub.events().iter().any(|e| e["reason"] == "IPAllocated")
-    })
-    .await;
-    let event = stub
-        .events()
-        .into_iter()
-        .find(|e| e["reason"] == "IPAllocated")
-        .unwrap();
+    let event = first_allocated_event(&stub).await;
     assert_eq!(event["reportingInstance"], identity[..128]);
     host.shutdown().await;
 }
@@ -131,15 +135,7 @@ async fn allocates_with_merge_patches_events_and_pool_status() {
     // The spec is untouched.
     assert_eq!(web["spec"]["clusterIP"], "10.96.0.1");
 
-    stub.wait_until("an IPAllocated event", |stub| {
-        stub.events().iter().any(|e| e["reason"] == "IPAllocated")
-    })
-    .await;
-    let event = stub
-        .events()
-        .into_iter()
-        .find(|e| e["reason"] == "IPAllocated")
-        .unwrap();
+    let event = first_allocated_event(&stub).await;
     assert_eq!(event["type"], "Normal");
     assert_eq!(event["note"], "Assigned IP [\"192.168.10.0\"]");
     assert_eq!(event["regarding"]["kind"], "Service");
