@@ -8,10 +8,11 @@
 //! Service visits it). A guard is necessary, not sufficient: the pools a
 //! Service visits must still be asked whether they serve it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::iter::Peekable;
 
 use crate::pool::Subject;
+use crate::selector::shared_keys;
 use crate::small_map::{Keys, SmallSet};
 
 type FastHash = foldhash::fast::RandomState;
@@ -151,32 +152,11 @@ impl<K: Ord + Clone> PinnedIndex<K> {
             let Some(index) = index.filter(|index| !index.is_empty()) else {
                 continue;
             };
-            labels_indexed(labels, index, |set| sets.push(set.keys()));
+            shared_keys(labels, index, |_, value, values| {
+                sets.extend(values.get(value).map(SmallSet::keys));
+            });
         }
         Merge::new(sets)
-    }
-}
-
-/// Each set of `index` under a label `labels` has, looked up from the
-/// smaller side: a Namespace with thousands of labels costs a Service the
-/// label keys the pools name, not its every label.
-pub(crate) fn labels_indexed<'i, V>(
-    labels: &BTreeMap<String, String>,
-    index: &'i HashMap<String, HashMap<String, V, FastHash>, FastHash>,
-    mut each: impl FnMut(&'i V),
-) {
-    if labels.len() <= index.len() {
-        for (key, value) in labels {
-            if let Some(set) = index.get(key).and_then(|values| values.get(value)) {
-                each(set);
-            }
-        }
-    } else {
-        for (key, values) in index {
-            if let Some(set) = labels.get(key).and_then(|value| values.get(value)) {
-                each(set);
-            }
-        }
     }
 }
 

@@ -894,7 +894,7 @@ fn parse_block(
 fn parse_selectors(
     field: &'static str,
     specs: &[LabelSelectorSpec],
-) -> Result<Vec<Selector>, PoolError> {
+) -> Result<Selectors, PoolError> {
     let mut selectors: Vec<Selector> = Vec::with_capacity(specs.len());
     let mut seen: BTreeSet<Selector> = BTreeSet::new();
     for (index, spec) in specs.iter().enumerate() {
@@ -909,7 +909,7 @@ fn parse_selectors(
         }
         selectors.push(selector);
     }
-    Ok(selectors)
+    Ok(Selectors::new(selectors))
 }
 
 fn parse_allocation(
@@ -931,14 +931,8 @@ fn parse_allocation(
     Ok(ServiceAllocation {
         priority,
         namespaces: namespaces.into_iter().collect(),
-        namespace_selectors: Selectors::new(parse_selectors(
-            "namespaceSelectors",
-            &spec.namespace_selectors,
-        )?),
-        service_selectors: Selectors::new(parse_selectors(
-            "serviceSelectors",
-            &spec.service_selectors,
-        )?),
+        namespace_selectors: parse_selectors("namespaceSelectors", &spec.namespace_selectors)?,
+        service_selectors: parse_selectors("serviceSelectors", &spec.service_selectors)?,
     })
 }
 

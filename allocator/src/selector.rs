@@ -2,8 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
-
-use crate::pinned::labels_indexed;
+use std::hash::BuildHasher;
 
 use crate::spec::LabelSelectorSpec;
 
@@ -214,10 +213,34 @@ impl Selectors {
             return true;
         }
         let mut found = false;
-        labels_indexed(labels, &index.by_pair, |positions| {
-            found = found || positions.iter().any(matches);
+        shared_keys(labels, &index.by_pair, |_, value, values| {
+            found = found || values.get(value).is_some_and(|at| at.iter().any(matches));
         });
         found
+    }
+}
+
+/// Each label of `labels` whose key `map` holds, with the map's entry,
+/// found from the smaller side (in no set order): a label set of thousands
+/// costs the keys the map holds, not its every label (docs/allocation.md
+/// §4.9).
+pub(crate) fn shared_keys<'l, 'm, V, S: BuildHasher>(
+    labels: &'l BTreeMap<String, String>,
+    map: &'m HashMap<String, V, S>,
+    mut each: impl FnMut(&'l str, &'l str, &'m V),
+) {
+    if labels.len() <= map.len() {
+        for (key, value) in labels {
+            if let Some(entry) = map.get(key.as_str()) {
+                each(key, value, entry);
+            }
+        }
+    } else {
+        for (key, entry) in map {
+            if let Some((key, value)) = labels.get_key_value(key.as_str()) {
+                each(key, value, entry);
+            }
+        }
     }
 }
 

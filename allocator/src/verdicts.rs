@@ -19,6 +19,7 @@ use std::hash::BuildHasher;
 
 use crate::auto::RulesKey;
 use crate::pool::{Subject, SubjectField};
+use crate::selector::shared_keys;
 use crate::small_map::SmallSet;
 
 type FastHash = foldhash::fast::RandomState;
@@ -119,24 +120,14 @@ impl Reads {
             if by_key.is_empty() {
                 continue;
             }
-            // From the smaller side, as the index does; in key order either
-            // way, so that equal signatures hash alike.
-            if labels.len() <= by_key.len() {
-                for (key, value) in labels {
-                    if let Some(reads) = by_key.get(key.as_str()) {
-                        parts.push((field, key.as_str(), reads.canonical(value)));
-                    }
-                }
-            } else {
-                let start = parts.len();
-                for (key, reads) in by_key {
-                    if let Some((key, value)) = labels.get_key_value(key.as_str()) {
-                        parts.push((field, key.as_str(), reads.canonical(value)));
-                    }
-                }
-                if let Some(added) = parts.get_mut(start..) {
-                    added.sort_unstable_by(|a, b| a.1.cmp(b.1));
-                }
+            let start = parts.len();
+            shared_keys(labels, by_key, |key, value, reads| {
+                parts.push((field, key, reads.canonical(value)));
+            });
+            // Found from the smaller side, in no set order: sorted by key, so
+            // that equal signatures hash alike.
+            if let Some(added) = parts.get_mut(start..) {
+                added.sort_unstable_by(|a, b| a.1.cmp(b.1));
             }
         }
         parts

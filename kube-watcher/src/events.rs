@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType, Reporter};
+use manager::truncated;
 
 /// The longest name of an object (a DNS subdomain).
 const MAX_NAME: usize = 253;
@@ -64,7 +65,7 @@ fn build(
         },
         reporting_controller: Some(reporter.controller.clone()),
         reporting_instance: Some(
-            cut(
+            truncated(
                 reporter.instance.as_deref().unwrap_or(&reporter.controller),
                 MAX_INSTANCE,
             )
@@ -87,17 +88,9 @@ fn build(
 /// ending in `-` or `.` where it was cut).
 fn event_name(object: &str, nanos: i128) -> String {
     let suffix = format!(".{nanos:x}");
-    let head = cut(object, MAX_NAME.saturating_sub(suffix.len())).trim_end_matches(['-', '.']);
+    let head =
+        truncated(object, MAX_NAME.saturating_sub(suffix.len())).trim_end_matches(['-', '.']);
     format!("{head}{suffix}")
-}
-
-/// The longest start of `text` of at most `max` bytes.
-fn cut(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.get(..end).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -264,14 +264,22 @@ pub fn capped_note(note: String) -> String {
 /// built from user input must not make one.
 pub fn capped(mut text: String, max: usize) -> String {
     if text.len() > max {
-        let mut end = max.saturating_sub('…'.len_utf8());
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
+        let end = truncated(&text, max.saturating_sub('…'.len_utf8())).len();
         text.truncate(end);
         text.push('…');
     }
     text
+}
+
+/// The longest start of `text` of at most `max` bytes, cut at a character
+/// boundary and marked by nothing: for fields whose syntax a mark would
+/// break (an object name).
+pub fn truncated(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default()
 }
 
 /// A write the host could not make.

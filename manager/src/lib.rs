@@ -14,9 +14,9 @@ mod store;
 
 pub use cilium_pool::{cilium_pool_conditions, CiliumPoolFigures, PoolCondition};
 pub use client::{
-    capped, capped_note, pool_annotation, status_ips, CiliumConditionChange, Client, ClientError,
-    ConditionKind, Event, EventType, ServiceCondition, ServiceWrite, CILIUM_CONDITION_TYPE,
-    CONDITION_TYPE, MAX_EVENT_NOTE, POOL_ANNOTATION,
+    capped, capped_note, pool_annotation, status_ips, truncated, CiliumConditionChange, Client,
+    ClientError, ConditionKind, Event, EventType, ServiceCondition, ServiceWrite,
+    CILIUM_CONDITION_TYPE, CONDITION_TYPE, MAX_EVENT_NOTE, POOL_ANNOTATION,
 };
 pub use controller::{
     AllocatingController, Asks, ControllerConfig, ControllerStats, Explanation, Judgement,
