@@ -17,6 +17,7 @@ use crate::count::{AddressCount, WideCount};
 use crate::error::{AllocError, PinnedTried, ShareConflict, Tried, UnpinnedTried};
 use crate::group::{GroupIndex, Rank};
 use crate::holders::{tenancies_agree, Holders, Tenancy};
+use crate::label_keys::LabelKeys;
 use crate::label_readers::LabelReaders;
 use crate::pinned::Fact;
 use crate::pool::{AddrRange, Conflict, Pool, PoolError, PoolKind, Rules};
@@ -574,6 +575,8 @@ pub struct Allocator {
     /// Pool objects by the Namespace labels their `namespaceSelectors`
     /// read: a Namespace change that none reads touches no holder.
     namespace_readers: LabelReaders,
+    /// The Service label keys the pool objects read.
+    label_keys: LabelKeys,
     /// Rejected pools by name and kind.
     rejected: BTreeMap<(String, PoolKind), Rejection>,
     /// The ranges of the rejected pools that parsed, by first address.
@@ -604,6 +607,8 @@ pub struct Allocator {
     joins: BTreeSet<IpAddr>,
     /// Per family: whether `departures` or `joins` has an address of it.
     regrouped_families: [bool; 2],
+    /// See [`Allocator::loosenings`].
+    loosenings: u64,
     /// Search steps taken (entries, runs, holders and pools looked at):
     /// what cost tests count.
     steps: Cell<u64>,
@@ -690,6 +695,7 @@ impl Allocator {
         parsed: Result<Pool, PoolError>,
         created: Option<i128>,
     ) -> PoolChange {
+        self.loosen();
         let parsed = parsed.map(Arc::new);
         let objects = self.objects_mut(kind);
         let order = match objects.get(name) {
@@ -717,12 +723,12 @@ impl Allocator {
             .insert(name.to_owned(), PoolObject { parsed, order })
         {
             self.order.remove(&old.order);
-            self.read_namespace_labels(name, old.parsed.as_ref().ok(), false);
+            self.read_labels(name, old.parsed.as_ref().ok(), false);
             if let Ok(pool) = &old.parsed {
                 old_ranges.clone_from(&pool.ranges);
             }
         }
-        self.read_namespace_labels(name, new.as_ref(), true);
+        self.read_labels(name, new.as_ref(), true);
         self.order.insert(order, (kind, name.to_owned()));
         let newest = self.order.last_key_value().map(|(key, _)| *key) == Some(order);
         // A name used by both kinds is decided by the full recomputation.
@@ -896,8 +902,9 @@ impl Allocator {
         let Some(object) = self.objects_mut(kind).remove(name) else {
             return PoolChange::default();
         };
+        self.loosen();
         self.order.remove(&object.order);
-        self.read_namespace_labels(name, object.parsed.as_ref().ok(), false);
+        self.read_labels(name, object.parsed.as_ref().ok(), false);
         // The newer object of the other kind with this name may come in.
         if self.forced_recompute() || self.object(kind.other(), name).is_some() {
             return self.recompute_pools(name);
@@ -923,7 +930,12 @@ impl Allocator {
 
     /// Adds (`read`) or takes out the pool object `name` from the readers
     /// of Namespace labels, if its namespace rule has selectors.
-    fn read_namespace_labels(&mut self, name: &str, pool: Option<&Arc<Pool>>, read: bool) {
+    /// Counts what `pool` (the object `name`) reads of Namespaces and
+    /// Services in (`read`) or out.
+    fn read_labels(&mut self, name: &str, pool: Option<&Arc<Pool>>, read: bool) {
+        if let Some(pool) = pool {
+            self.label_keys.count(pool, read);
+        }
         let Some(selectors) = pool
             .and_then(|pool| pool.allocation.as_ref())
             .map(|allocation| allocation.namespace_selectors())
@@ -1699,6 +1711,27 @@ impl Allocator {
         Some(held.holding())
     }
 
+    /// What the pools read of a Service's `labels`, as a number: two
+    /// Services of one Namespace with the same number are served alike by
+    /// every pool, now and (by the pools' rules) at any time the number
+    /// is the same.
+    pub fn labels_read(&self, labels: &BTreeMap<String, String>) -> u64 {
+        self.label_keys.read_of(labels)
+    }
+
+    /// How many changes so far may have let a Service fit where it did
+    /// not: a holder leaving an address (released, or taken again on
+    /// other sharing terms) and any pool added, changed or removed.
+    /// Between two equal counts only new holds happened, and a new holder
+    /// only narrows what fits: a Service that failed still fails, alike.
+    pub fn loosenings(&self) -> u64 {
+        self.loosenings
+    }
+
+    fn loosen(&mut self) {
+        self.loosenings = self.loosenings.wrapping_add(1);
+    }
+
     /// Where holders left addresses (with the pool) and where they joined
     /// others on an address, since the last call, and forgets them: a
     /// change of a holder's sharing terms is a release and a new hold, so
@@ -1731,6 +1764,7 @@ impl Allocator {
             let (family, value) = to_int(ip);
             let pool = held.pool_of(ip);
             self.departures.insert((Arc::clone(pool), ip));
+            self.loosen();
             if let Some(pending) = self.regrouped_families.get_mut(Family::of(ip).index()) {
                 *pending = true;
             }

@@ -25,6 +25,7 @@ mod count;
 mod error;
 mod group;
 mod holders;
+mod label_keys;
 mod label_readers;
 mod pinned;
 mod pool;
