@@ -137,6 +137,28 @@ struct State {
     /// Service, pool and Namespace events received so far: a restore pass
     /// during which none arrived saw every object as it is queued.
     events: u64,
+    /// What the second pass learns of waiting Services alike.
+    alike: AlikeFailures,
+}
+
+/// Waiting Services that the second pass of a pool or Namespace change
+/// reconsiders only because they wait (docs/allocation.md §4.6), and what
+/// those alike did in it (docs/allocation.md §4.9).
+///
+/// Two Services alike ([`SyncOutcome::alike`]) fail alike, with the same
+/// message, in the same allocator state, and a new holder only narrows
+/// what fits. So once one fails again at a [`Shortcuts::failure_epoch`],
+/// another alike that is quiet (no event since it last failed, no retry
+/// due, nothing released by the first pass) would fail again as it did
+/// last, at that epoch: it would write and emit nothing, and is not run.
+/// A change with W waiting Services alike in a few ways costs a
+/// reconciliation per way, not W.
+#[derive(Debug, Default)]
+struct AlikeFailures {
+    /// Quiet waiting Services queued by the pass: key → how alike.
+    quiet: HashMap<String, u64, FastHash>,
+    /// How alike → the epoch at which one failed again in the pass.
+    failed: HashMap<u64, u64, FastHash>,
 }
 
 /// When a key is processed: in the sync pass (everything is considered
@@ -162,6 +184,8 @@ enum FirstPass {
 struct SecondPass {
     /// Those that had to release, then those without addresses.
     first: Vec<String>,
+    /// How many of `first` had to release.
+    released: usize,
     /// Those that kept their addresses, and whether each is settled
     /// ([`RestoreOutcome::Settled`]).
     kept: Vec<(String, bool)>,
@@ -211,6 +235,8 @@ fn parked(wake_on: &Option<Vec<WakeOn>>) -> bool {
 struct Waiting {
     /// key → (waiting since, class).
     entries: HashMap<String, (u64, ClassId), FastHash>,
+    /// key → how alike (see [`SyncOutcome::alike`]), for those in a class.
+    alike: HashMap<String, u64, FastHash>,
     classes: HashMap<ClassId, Class, FastHash>,
     /// The classes that do not wait on a change of configuration alone
     /// (see [`parked`]): every pool or Namespace change looks at them.
@@ -232,11 +258,16 @@ impl Waiting {
 
     /// Adds `key` or updates its class and what it waits for.
     fn insert(&mut self, key: &str, since: u64, class: Option<u64>, wake_on: Option<Vec<WakeOn>>) {
-        self.remove(key);
         let id = match class {
             Some(class) => ClassId::Demand(class),
             None => ClassId::Alone(since),
         };
+        let unchanged = self.entries.get(key) == Some(&(since, id))
+            && self.classes.get(&id).is_some_and(|c| c.wake_on == wake_on);
+        if unchanged {
+            return;
+        }
+        self.remove(key);
         let class = self.classes.entry(id).or_insert_with(|| Class {
             members: BTreeMap::new(),
             wake_on: None,
@@ -261,10 +292,26 @@ impl Waiting {
         self.entries.insert(key.to_owned(), (since, id));
     }
 
+    /// Books how alike the waiting `key` is (kept only for one in a
+    /// class).
+    fn set_alike(&mut self, key: &str, alike: Option<u64>) {
+        let in_class = matches!(self.entries.get(key), Some((_, ClassId::Demand(_))));
+        match alike.filter(|_| in_class) {
+            Some(alike) if self.alike.get(key) != Some(&alike) => {
+                self.alike.insert(key.to_owned(), alike);
+            }
+            Some(_) => {}
+            None => {
+                self.alike.remove(key);
+            }
+        }
+    }
+
     fn remove(&mut self, key: &str) {
         let Some((since, id)) = self.entries.remove(key) else {
             return;
         };
+        self.alike.remove(key);
         let Some(class) = self.classes.get_mut(&id) else {
             return;
         };
@@ -589,7 +636,7 @@ impl State {
         match &outcome.state {
             SyncState::Retry(reason) => {
                 if let (Some(name), true, false) = (service, outcome.waiting_too, deleted) {
-                    self.wait(name, outcome.waiting_class, outcome.wake_on.clone());
+                    self.wait(name, outcome);
                 }
                 let attempts = self.attempts.entry(key.clone()).or_insert(0);
                 let delay = config.backoff(*attempts);
@@ -603,7 +650,7 @@ impl State {
             SyncState::Waiting if !deleted => {
                 self.attempts.remove(key);
                 if let Some(name) = service {
-                    self.wait(name, outcome.waiting_class, outcome.wake_on.clone());
+                    self.wait(name, outcome);
                 }
             }
             SyncState::Success | SyncState::Invalid | SyncState::Waiting => {
@@ -617,17 +664,39 @@ impl State {
     }
 
     /// `touched` and every busy Service, known ones only, in first-seen
-    /// order.
-    fn touched_in_order(&self, touched: Touched) -> Vec<String> {
+    /// order; with each, whether it is quiet (see [`State::is_quiet`]).
+    fn touched_in_order(&self, touched: Touched) -> Vec<(String, bool)> {
+        let touched_services: HashSet<&String, FastHash> = touched.services.iter().collect();
         let mut keys: Vec<(u64, String)> = touched
             .services
-            .into_iter()
+            .iter()
+            .cloned()
+            .chain(touched.failing)
             .chain(self.busy_services(touched.changes.as_deref()))
             .filter_map(|key| Some((*self.first_seen.get(&key)?, key)))
             .collect();
         keys.sort_unstable();
         keys.dedup();
-        keys.into_iter().map(|(_, key)| key).collect()
+        keys.into_iter()
+            .map(|(_, key)| {
+                let quiet = !touched_services.contains(&key) && self.is_quiet(&key);
+                (key, quiet)
+            })
+            .collect()
+    }
+
+    /// Whether the Service `key` waits with nothing pending: not queued
+    /// (no event to reconcile), not in flight, not woken, due no retry (its
+    /// last write went through). Its status then shows no address but one
+    /// it holds; so, unless the change touched what it holds, its first
+    /// pass would keep that and change nothing.
+    fn is_quiet(&self, key: &str) -> bool {
+        let service = QueueKey::Service(key.to_owned());
+        self.waiting.entries.contains_key(key)
+            && !self.retry_of.contains_key(&service)
+            && !self.queued.contains(&service)
+            && self.in_flight.as_ref() != Some(&service)
+            && !self.woken.contains_key(key)
     }
 
     /// The Services queued, in flight, woken, waiting (but on other changes
@@ -649,14 +718,17 @@ impl State {
             .collect()
     }
 
-    /// The Service `name` waits for an address, in `class`, for `wake_on`;
-    /// failing again keeps its place (§4.6).
-    fn wait(&mut self, name: &str, class: Option<u64>, wake_on: Option<Vec<WakeOn>>) {
+    /// The Service `name` waits for an address, in the class and for what
+    /// `outcome` says; failing again keeps its place (§4.6).
+    fn wait(&mut self, name: &str, outcome: &SyncOutcome) {
         let since = match self.waiting.since(name) {
             Some(since) => since,
             None => self.seq(),
         };
-        self.waiting.insert(name, since, class, wake_on);
+        let wake_on = outcome.wake_on.clone();
+        self.waiting
+            .insert(name, since, outcome.waiting_class, wake_on);
+        self.waiting.set_alike(name, outcome.alike);
         self.book_waiting_retry(&QueueKey::Service(name.to_owned()));
     }
 
@@ -672,6 +744,12 @@ impl State {
     fn queue_second_pass(&mut self, pass: SecondPass) {
         self.clear_wakes();
         let exact = self.events == pass.events;
+        self.alike = AlikeFailures::default();
+        if exact {
+            let without = pass.first.iter().skip(pass.released);
+            let quiet = without.filter_map(|key| Some((key.clone(), self.quiet_alike(key)?)));
+            self.alike.quiet = quiet.collect();
+        }
         let mut left_out = HashSet::new();
         let mut order = pass.first;
         for (key, settled) in pass.kept {
@@ -692,10 +770,41 @@ impl State {
         order
             .into_iter()
             .for_each(|key| self.enqueue(QueueKey::Service(key)));
-        services
-            .into_iter()
-            .filter(|key| !left_out.contains(key.name()))
-            .for_each(|key| self.enqueue(key));
+        for key in services {
+            // Queued before the pass: its event is still to be reconciled.
+            self.alike.quiet.remove(key.name());
+            if !left_out.contains(key.name()) {
+                self.enqueue(key);
+            }
+        }
+    }
+
+    /// How alike the Service `key` is, if it waits and is due no retry.
+    fn quiet_alike(&self, key: &str) -> Option<u64> {
+        let alike = *self.waiting.alike.get(key)?;
+        let retrying = self
+            .retry_of
+            .contains_key(&QueueKey::Service(key.to_owned()));
+        (!retrying).then_some(alike)
+    }
+
+    /// The outcome of the quiet waiting Service `key` at `epoch` if one
+    /// alike failed again at it (taking `key` out of the quiet ones).
+    fn failed_alike(&mut self, key: &str, epoch: u64) -> Option<SyncOutcome> {
+        let alike = self.alike.quiet.remove(key)?;
+        if self.alike.failed.get(&alike) != Some(&epoch) {
+            return None;
+        }
+        let (_, class) = self.waiting.entries.get(key)?;
+        let ClassId::Demand(demand) = class else {
+            return None;
+        };
+        let wake_on = self.waiting.classes.get(class)?.wake_on.clone();
+        let mut outcome = SyncOutcome::new(SyncState::Waiting);
+        outcome.waiting_class = Some(*demand);
+        outcome.alike = Some(alike);
+        outcome.wake_on = wake_on;
+        Some(outcome)
     }
 }
 
@@ -766,6 +875,9 @@ impl<C> Manager<C> {
     fn push(&self, key: QueueKey, f: impl FnOnce(&mut State)) {
         self.with_state(|state| {
             state.events = state.events.wrapping_add(1);
+            if let QueueKey::Service(name) = &key {
+                state.alike.quiet.remove(name);
+            }
             f(state);
             state.enqueue(key);
         });
@@ -917,12 +1029,20 @@ impl<C: Controller> Manager<C> {
         let (known, events) = self.with_state(|state| {
             let known = match touched {
                 Some(touched) => state.touched_in_order(touched),
-                None => State::in_order(&state.first_seen),
+                None => State::in_order(&state.first_seen)
+                    .into_iter()
+                    .map(|key| (key, false))
+                    .collect(),
             };
             (known, state.events)
         });
         let (mut kept, mut release, mut nothing) = (Vec::new(), Vec::new(), Vec::new());
-        for key in known {
+        for (key, quiet) in known {
+            if quiet {
+                // Its first pass would keep what it holds, if anything.
+                nothing.push(key);
+                continue;
+            }
             let restored = match self.inner.store.service(&key) {
                 Some(service) => self.inner.controller.restore(&key, &service).await,
                 None => RestoreOutcome::Nothing,
@@ -938,9 +1058,11 @@ impl<C: Controller> Manager<C> {
                 RestoreOutcome::Nothing => nothing.push(key),
             }
         }
+        let released = release.len();
         release.append(&mut nothing);
         SecondPass {
             first: release,
+            released,
             kept,
             events,
         }
@@ -953,13 +1075,7 @@ impl<C: Controller> Manager<C> {
         let controller = &self.inner.controller;
         let store = &self.inner.store;
         let (outcome, deleted) = match &key {
-            QueueKey::Service(name) => {
-                let service = store.service(name);
-                (
-                    controller.set_balancer(name, service.as_deref()).await,
-                    service.is_none(),
-                )
-            }
+            QueueKey::Service(name) => self.reconcile_service(name).await,
             QueueKey::Pool(name) => {
                 let pool = store.pool(name);
                 (
@@ -990,6 +1106,34 @@ impl<C: Controller> Manager<C> {
             let pass = self.restore_pass(FirstPass::AfterChange).await;
             self.with_state(|state| state.queue_second_pass(pass));
         }
+    }
+
+    /// Reconciles the Service `name`, unless it is a quiet waiting one and
+    /// one alike failed again at this epoch (see [`AlikeFailures`]);
+    /// returns the outcome and whether it is deleted.
+    async fn reconcile_service(&self, name: &str) -> (SyncOutcome, bool) {
+        let controller = &self.inner.controller;
+        let quiet = self.with_state(|state| state.alike.quiet.contains_key(name));
+        let epoch = if quiet {
+            controller.failure_epoch()
+        } else {
+            None
+        };
+        if let Some(epoch) = epoch {
+            if let Some(outcome) = self.with_state(|state| state.failed_alike(name, epoch)) {
+                tracing::trace!(key = name, "fails as one alike did");
+                return (outcome, false);
+            }
+        }
+        let service = self.inner.store.service(name);
+        let outcome = controller.set_balancer(name, service.as_deref()).await;
+        let stable = epoch.is_some() && controller.failure_epoch() == epoch;
+        if let (true, Some(epoch), SyncState::Waiting, Some(alike)) =
+            (stable, epoch, &outcome.state, outcome.alike)
+        {
+            self.with_state(|state| state.alike.failed.insert(alike, epoch));
+        }
+        (outcome, service.is_none())
     }
 
     /// An update the controller called settled is not queued once the

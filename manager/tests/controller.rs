@@ -1696,6 +1696,35 @@ mod cost {
         assert_eq!(h.status(&format!("ns/s{}", N - 1)), "10.0.0.0 fd00::1 @a");
     }
 
+    /// N Services alike wait for the full pool of their Namespace while
+    /// another pool (of a Namespace without Services) changes N times.
+    /// The change touched nothing they hold, so none is restored, and each
+    /// second pass runs the first of them only: the others would fail
+    /// again alike, as they did (the old code restored and ran all N on
+    /// each change, 2N² in all). Freeing the address still serves the one
+    /// that has waited longest.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_change_runs_one_of_the_waiting_services_alike() {
+        let pinned = |namespace: &str, address: &str| json!({"addresses": [address], "serviceAllocation": {"namespaces": [namespace]}});
+        let h = Harness::with_pools(&[("small", pinned("w", "10.0.0.1"))]).await;
+        h.add(svc("w/holder")).await;
+        for i in 0..N {
+            h.add(svc(&format!("w/s{i}"))).await;
+        }
+        assert_eq!(h.waiting().len(), N);
+        let before = work(&h);
+        for i in 0..N {
+            let address = format!("10.1.{}.{}", i / 256, i % 256);
+            h.pool("other", pinned("empty", &address)).await;
+        }
+        let changes = work(&h) - before;
+        assert!(changes <= 3 * N as u64, "{changes}");
+        assert_eq!(h.waiting().len(), N);
+        h.delete("w/holder").await;
+        assert_eq!(h.status("w/s0"), "10.0.0.1 @small");
+        assert_eq!(h.waiting().len(), N - 1);
+    }
+
     /// The work of N Services added and deleted in turn, each freeing an
     /// IPv4 address of pool `a`.
     async fn work_of_unrelated_churn(h: &Harness) -> u64 {

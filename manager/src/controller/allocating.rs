@@ -178,6 +178,9 @@ struct State {
     /// (docs/cilium.md §3.6).
     cilium_pools: BTreeSet<String>,
     unsettled: Unsettled,
+    /// Namespace events so far: with the allocator's loosenings, the
+    /// failure epoch (see [`Shortcuts::failure_epoch`]).
+    namespace_events: u64,
 }
 
 /// The Services holding addresses whose last reconciliation did not end
@@ -1111,6 +1114,15 @@ fn sync_outcome(
             .iter()
             .any(|ip| !change.after.is_some_and(|a| a.ips.contains(ip)))
     });
+    if let (Outcome::Fails(failure), Some(class)) = (decided, outcome.waiting_class) {
+        // What a pool may read of the Service: its Namespace (and so that
+        // one's labels) and the labels pools read (the name only a Cilium
+        // pool reads); and the failure in words, which a class keeps only
+        // as far as one configuration goes (the pools tried, say).
+        let labels = allocator.labels_read(view.labels);
+        let alike = (class, view.namespace, labels, failure.detail());
+        outcome.alike = Some(class_of(&alike));
+    }
     outcome.wake_waiting = released_any;
     outcome.freed = freed(allocator, change.before, change.after);
     if let (Some(before), Some(sharing_before)) = (change.before, &change.sharing_before) {
@@ -1265,12 +1277,13 @@ fn touched_by(state: &State, name: &str, before: &[AddrRange], change: &PoolChan
             .iter()
             .map(|pool| WakeOn::PoolChanged((*pool).to_owned())),
     );
-    services.extend(pending_announcements(state));
+    services.extend(pending_clears(state));
     for change in &changes {
         services.extend(state.parked.on(change).cloned());
     }
     Touched {
         services,
+        failing: state.warned_failing.iter().cloned().collect(),
         changes: Some(changes),
     }
 }
@@ -1287,26 +1300,24 @@ fn touched_by_namespace(state: &mut State, name: &str, matters: bool) -> Touched
         Vec::new()
     };
     let change = WakeOn::NamespaceChanged(name.to_owned());
-    services.extend(pending_announcements(state));
+    services.extend(pending_clears(state));
     services.extend(state.parked.on(&change).cloned());
     Touched {
         services,
+        failing: state.warned_failing.iter().cloned().collect(),
         changes: Some(vec![change]),
     }
 }
 
-/// The Services with a failure's Warning (but one parked, see
-/// [`parked_on`]), an announced clearing or an owed clear pending: a change
-/// may let their next reconciliation announce otherwise. One whose request
-/// is invalid is left out: it holds what it held (touched as a holder if
-/// its pool or Namespace changed), and is refused for its request alone,
-/// again and alike.
-fn pending_announcements(state: &State) -> impl Iterator<Item = String> + '_ {
-    let warned = state.warned_failing.iter().cloned();
+/// The Services with an announced clearing or an owed clear pending: a
+/// change may let their next reconciliation announce otherwise (as those
+/// with a failure's Warning, [`Touched::failing`]; one whose request is
+/// invalid is left out of those: it holds what it held, touched as a
+/// holder if its pool or Namespace changed, and is refused for its request
+/// alone, again and alike).
+fn pending_clears(state: &State) -> impl Iterator<Item = String> + '_ {
     let cleared = state.announced_clears.keys().cloned();
-    warned
-        .chain(cleared)
-        .chain(state.owed_clears.iter().cloned())
+    cleared.chain(state.owed_clears.iter().cloned())
 }
 
 fn others_on(allocator: &Allocator, key: &str, holding: &AllocatorHolding) -> Vec<String> {
@@ -1639,6 +1650,18 @@ impl Shortcuts for AllocatingController {
         }
         self.lock().touched.clone()
     }
+
+    /// The allocator's loosenings and the Namespace events. None while a
+    /// `CiliumLoadBalancerIPPool` exists: its selector may read the
+    /// Service's name, which [`SyncOutcome::alike`] leaves out.
+    fn failure_epoch(&self) -> Option<u64> {
+        let state = self.lock();
+        if self.config.exhaustive || !state.cilium_pools.is_empty() {
+            return None;
+        }
+        let loosenings = state.allocator.loosenings();
+        Some(loosenings.wrapping_add(state.namespace_events))
+    }
 }
 
 #[async_trait]
@@ -1724,6 +1747,7 @@ impl Controller for AllocatingController {
             .unwrap_or_default();
         let changed = {
             let mut state = self.lock();
+            state.namespace_events = state.namespace_events.wrapping_add(1);
             let previous = if labels.is_empty() {
                 state.namespace_labels.remove(name)
             } else {

@@ -29,6 +29,13 @@ pub struct SyncOutcome {
     /// configuration and their demand), so a wake that sees the first of a
     /// class fail again skips the rest. `None`: always reconsidered.
     pub waiting_class: Option<u64>,
+    /// With [`SyncState::Waiting`] for a failure in a `waiting_class`: the
+    /// class, all a pool may read of the Service (but its name) and the
+    /// failure's message. Two Services alike fail alike under any
+    /// configuration of `IPAddressPool`s and Namespaces in the same
+    /// allocator state (see [`Shortcuts::failure_epoch`]), and one that
+    /// fails alike again fails as it did.
+    pub alike: Option<u64>,
     /// With [`SyncState::Waiting`]: what can end the wait. `None`: any
     /// delete or release may (it is woken by every one); `Some(keys)`: only
     /// a release that frees one of these (none: only a pool or Namespace
@@ -57,6 +64,7 @@ impl SyncOutcome {
             wake_waiting: false,
             reconsider: Reconsider::None,
             waiting_class: None,
+            alike: None,
             wake_on: None,
             freed: Vec::new(),
             waiting_too: false,
@@ -238,12 +246,25 @@ pub trait Shortcuts {
     /// may have touched (those it released, those holding addresses in the
     /// pools it changed, those with something pending), or `None` for
     /// every Service. The manager restores these and every Service that
-    /// waits (but one waiting on a change of another pool), retries or had
-    /// an event since it was last reconciled; the others hold addresses the
-    /// change left as they were, and are settled without a look
-    /// (docs/allocation.md §4.9). The default (`None`) restores every
-    /// Service.
+    /// retries or had an event since it was last reconciled; the others
+    /// hold addresses the change left as they were, and are settled
+    /// without a look (docs/allocation.md §4.9). A Service that waits (but
+    /// one waiting on a change of another pool) or failed with a Warning
+    /// is reconsidered in the second pass, at its first-seen place; it is
+    /// restored first only if it is in `services` or has something pending.
+    /// The default (`None`) restores every Service.
     fn touched_by_change(&self) -> Option<Touched> {
+        None
+    }
+    /// A number that changes whenever something happens that may let a
+    /// waiting Service get an address, or fail otherwise: an address left
+    /// by a holder, a pool or Namespace change. Two waiting Services
+    /// [`SyncOutcome::alike`] reconciled at one reading fail alike, so one
+    /// failing again tells the other's outcome: a change's second pass
+    /// runs one of each, not every waiting Service (docs/allocation.md
+    /// §4.9). `None` (the default, and with
+    /// [`ControllerConfig::exhaustive`]): every one is run.
+    fn failure_epoch(&self) -> Option<u64> {
         None
     }
 }
@@ -254,6 +275,11 @@ pub trait Shortcuts {
 pub struct Touched {
     /// The Services it may have touched, besides the busy ones.
     pub services: Vec<String>,
+    /// The Services whose last reconciliation failed with a Warning (but
+    /// those waiting on a change of configuration alone): the change may
+    /// let them announce otherwise, though it touched nothing they hold
+    /// unless they are in `services` too.
+    pub failing: Vec<String>,
     /// What the change was, as the keys of the Services that wait on a
     /// change of configuration alone ([`WakeOn::PoolChanged`],
     /// [`WakeOn::PoolCovering`], [`WakeOn::NamespaceChanged`]): of those,
