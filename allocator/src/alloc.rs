@@ -695,7 +695,6 @@ impl Allocator {
         parsed: Result<Pool, PoolError>,
         created: Option<i128>,
     ) -> PoolChange {
-        self.loosen();
         let parsed = parsed.map(Arc::new);
         let objects = self.objects_mut(kind);
         let order = match objects.get(name) {
@@ -714,6 +713,7 @@ impl Allocator {
                 (created.is_none(), created, seq)
             }
         };
+        self.loosen();
         // The old object's readers go before the new one's come: the two
         // may read the same labels.
         let new = parsed.as_ref().ok().map(Arc::clone);

@@ -693,7 +693,7 @@ impl State {
     fn is_quiet(&self, key: &str) -> bool {
         let service = QueueKey::Service(key.to_owned());
         self.waiting.entries.contains_key(key)
-            && !self.retry_of.contains_key(&service)
+            && !self.waiting_retries.contains(key)
             && !self.queued.contains(&service)
             && self.in_flight.as_ref() != Some(&service)
             && !self.woken.contains_key(key)
@@ -782,16 +782,12 @@ impl State {
     /// How alike the Service `key` is, if it waits and is due no retry.
     fn quiet_alike(&self, key: &str) -> Option<u64> {
         let alike = *self.waiting.alike.get(key)?;
-        let retrying = self
-            .retry_of
-            .contains_key(&QueueKey::Service(key.to_owned()));
-        (!retrying).then_some(alike)
+        (!self.waiting_retries.contains(key)).then_some(alike)
     }
 
-    /// The outcome of the quiet waiting Service `key` at `epoch` if one
-    /// alike failed again at it (taking `key` out of the quiet ones).
-    fn failed_alike(&mut self, key: &str, epoch: u64) -> Option<SyncOutcome> {
-        let alike = self.alike.quiet.remove(key)?;
+    /// The outcome of the quiet waiting Service `key`, `alike` as it is,
+    /// at `epoch` if one alike failed again at it.
+    fn failed_alike(&self, key: &str, alike: u64, epoch: u64) -> Option<SyncOutcome> {
         if self.alike.failed.get(&alike) != Some(&epoch) {
             return None;
         }
@@ -1113,14 +1109,11 @@ impl<C: Controller> Manager<C> {
     /// returns the outcome and whether it is deleted.
     async fn reconcile_service(&self, name: &str) -> (SyncOutcome, bool) {
         let controller = &self.inner.controller;
-        let quiet = self.with_state(|state| state.alike.quiet.contains_key(name));
-        let epoch = if quiet {
-            controller.failure_epoch()
-        } else {
-            None
-        };
-        if let Some(epoch) = epoch {
-            if let Some(outcome) = self.with_state(|state| state.failed_alike(name, epoch)) {
+        // The alike bookkeeping leaves idleness as it is: no `with_state`.
+        let alike = self.state().alike.quiet.remove(name);
+        let epoch = alike.and_then(|_| controller.failure_epoch());
+        if let (Some(alike), Some(epoch)) = (alike, epoch) {
+            if let Some(outcome) = self.state().failed_alike(name, alike, epoch) {
                 tracing::trace!(key = name, "fails as one alike did");
                 return (outcome, false);
             }
@@ -1131,7 +1124,7 @@ impl<C: Controller> Manager<C> {
         if let (true, Some(epoch), SyncState::Waiting, Some(alike)) =
             (stable, epoch, &outcome.state, outcome.alike)
         {
-            self.with_state(|state| state.alike.failed.insert(alike, epoch));
+            self.state().alike.failed.insert(alike, epoch);
         }
         (outcome, service.is_none())
     }
