@@ -1603,3 +1603,41 @@ fn a_holder_joining_an_earlier_requested_address_wakes_the_refused() {
         ]
     );
 }
+
+/// Found by `skipping_waiting_services_alike_changes_nothing` (with longer
+/// streams): `a/s0` and `default/s1` wait alike for an IPv6 address, and
+/// `b/s1` joins their sharing key on the one that is held. `default/s1`
+/// then leaves (ClusterIP), which wakes the waiting Services, but its write
+/// fails: booked waiting until the retry, it stood for its class, and
+/// `a/s0` was never run (the exhaustive replay gives it the address).
+#[test]
+fn a_waker_whose_write_fails_does_not_stand_for_the_others_alike() {
+    let stream = [
+        r#"{"object":{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{"name":"p0","namespace":"metallb-system"},"spec":{"addresses":["10.0.4.0/29","fd00::20/127"]}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s2"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s1","namespace":"b"},"spec":{"ipFamilies":["IPv6"],"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s3"},"spec":{"ipFamilies":["IPv6"],"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s2","namespace":"a"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s1"},"spec":{"ipFamilyPolicy":"PreferDualStack","ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/allow-shared-ip":"key0"},"name":"s1"},"spec":{"ports":[{"port":53,"protocol":"UDP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s0"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s2","namespace":"a"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/allow-shared-ip":"key0"},"name":"s0","namespace":"a"},"spec":{"ipFamilyPolicy":"PreferDualStack","ports":[{"port":53,"protocol":"UDP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s2","namespace":"a"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s2"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s2","namespace":"a"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s2","namespace":"a"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/allow-shared-ip":"key0","metallb.io/ip-allocated-from-pool":"p0"},"name":"s1","namespace":"b"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s2","namespace":"a"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s1"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"ClusterIP"}},"type":"ADDED"}"#,
+    ]
+    .join("\n");
+    let options = checked().failures(FailurePlan::seeded(2_212_313_503_590_358_000, 30));
+    same_either_way(&stream, &options).unwrap();
+    let output = replay(&stream, &options).unwrap();
+    let a_s0 = output.result.services.iter().find(|s| s.key == "a/s0");
+    assert_eq!(
+        a_s0.map(|s| s.ips.clone()),
+        Some(vec!["10.0.4.4".to_owned(), "fd00::20".to_owned()])
+    );
+}

@@ -193,6 +193,14 @@ struct SecondPass {
     events: u64,
 }
 
+/// The Service whose reconciliation wakes the waiting ones, and whether it
+/// waits itself (it failed to get an address just now).
+#[derive(Clone, Copy)]
+struct Waker<'a> {
+    key: &'a str,
+    waits: bool,
+}
+
 /// A class of waiting Services (see [`Waiting`]): from the controller's
 /// demand class, or a Service alone (its waiting order makes it unique).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -432,7 +440,7 @@ impl State {
     /// freeing `freed` may serve, longest-waiting first: the first of each
     /// such class (the others of a class follow only while those before
     /// them get addresses).
-    fn wake(&mut self, freed: &[WakeOn], except: Option<&str>) {
+    fn wake(&mut self, freed: &[WakeOn], except: Option<Waker<'_>>) {
         let mut heads = self.waiting.heads(freed);
         // One whose last write failed would write again if run now, as
         // running every waiting Service on every wake (docs/allocation.md
@@ -446,15 +454,36 @@ impl State {
         heads.sort_unstable();
         heads.dedup();
         for (since, key, class) in heads {
-            let busy = except == Some(key.as_str())
-                || self.woken.contains_key(&key)
-                || self.in_flight.as_ref().is_some_and(|k| k.name() == key)
-                || self.queued.contains(&QueueKey::Service(key.clone()));
-            if !busy {
-                self.waking.insert(since, key.clone());
-                self.woken.insert(key, (since, class));
-            }
+            let head = match except {
+                Some(waker) if waker.key == key => {
+                    // It failed just now: the rest of its class would too.
+                    if waker.waits {
+                        continue;
+                    }
+                    // Booked waiting only until its failed write goes
+                    // through: it does not stand for its class.
+                    let Some(next) = self.waiting.next_in_class(class, since) else {
+                        continue;
+                    };
+                    next
+                }
+                _ => (since, key),
+            };
+            self.wake_one(head, class);
         }
+    }
+
+    /// Wakes the waiting Service `key` of `class`: a queued one is run by
+    /// its queue entry, and continues its class from there (see
+    /// [`State::continue_class`]); one woken already does so anyway.
+    fn wake_one(&mut self, (since, key): (u64, String), class: ClassId) {
+        if self.woken.contains_key(&key) {
+            return;
+        }
+        if !self.queued.contains(&QueueKey::Service(key.clone())) {
+            self.waking.insert(since, key.clone());
+        }
+        self.woken.insert(key, (since, class));
     }
 
     /// Books whether `key`, a Service's, is both waiting and due for a
@@ -566,8 +595,9 @@ impl State {
             _ => None,
         };
         if let Some(name) = service {
-            let still_waiting = matches!(outcome.state, SyncState::Waiting) && !deleted;
-            self.continue_class(name, still_waiting);
+            let waits = matches!(outcome.state, SyncState::Waiting) && !deleted;
+            let waits_in = outcome.waiting_class.filter(|_| waits).map(ClassId::Demand);
+            self.continue_class(name, waits_in);
         }
         if let (Some(name), true) = (service, deleted) {
             self.waiting.remove(name);
@@ -587,7 +617,11 @@ impl State {
         }
         let mut others = Vec::new();
         if outcome.wake_waiting {
-            self.wake(&outcome.freed, service);
+            let waker = service.map(|key| Waker {
+                key,
+                waits: outcome.state == SyncState::Waiting || outcome.waiting_too,
+            });
+            self.wake(&outcome.freed, waker);
         }
         match outcome.reconsider {
             Reconsider::None => {}
@@ -601,13 +635,14 @@ impl State {
         }
     }
 
-    /// A woken Service of a class that got an address (or is gone): the
-    /// next of its class may get one too.
-    fn continue_class(&mut self, name: &str, still_waiting: bool) {
+    /// A woken Service of a class that got an address, is gone or waits in
+    /// another class now (`waits_in`): the next of its class may get one
+    /// too.
+    fn continue_class(&mut self, name: &str, waits_in: Option<ClassId>) {
         let Some((since, class)) = self.woken.remove(name) else {
             return;
         };
-        if still_waiting {
+        if waits_in == Some(class) {
             return;
         }
         if let Some((next_since, next)) = self.waiting.next_in_class(class, since) {
@@ -1783,6 +1818,76 @@ mod tests {
             ["svc ns/w2", "svc ns/a", "svc ns/b", "svc ns/u", "svc ns/o"]
         );
         assert_eq!(h.manager.waiting_keys(), ["ns/b", "ns/c", "ns/u", "ns/o"]);
+    }
+
+    /// Found by `skipping_waiting_services_alike_changes_nothing`: a
+    /// waiting Service that releases an address and stops waiting, but
+    /// whose write fails, stays booked waiting until its retry; the wake it
+    /// makes must not take it for its class, which then went unwoken.
+    #[tokio::test(start_paused = true)]
+    async fn a_waker_booked_waiting_only_for_its_retry_does_not_stand_for_its_class() {
+        let h = harness(ManagerConfig::default());
+        let _worker = h.synced().await;
+        let in_class = || SyncOutcome {
+            waiting_class: Some(7),
+            ..outcome(SyncState::Waiting)
+        };
+        for key in ["ns/a", "ns/b"] {
+            h.script(key, [in_class()]);
+            h.add(key, false).await;
+        }
+        h.manager.idle().await;
+        h.take_calls();
+
+        let released_but_unwritten = SyncOutcome {
+            wake_waiting: true,
+            ..outcome(SyncState::Retry("injected".to_owned()))
+        };
+        h.script("ns/a", [released_but_unwritten]);
+        h.script("ns/b", [SyncOutcome::success()]);
+        h.update("ns/a").await;
+        h.manager.idle().await;
+        let calls = h.take_calls();
+        assert_eq!(calls.first().map(String::as_str), Some("svc ns/a"));
+        assert_eq!(
+            calls.get(1).map(String::as_str),
+            Some("svc ns/b"),
+            "{calls:?}"
+        );
+    }
+
+    /// The first of a class is queued (its event not yet run) when a wake
+    /// comes: it is run from the queue, and the rest of its class follows
+    /// when it gets an address, as they would after a wake of it.
+    #[tokio::test(start_paused = true)]
+    async fn a_queued_first_of_a_class_continues_its_class() {
+        let h = harness(ManagerConfig::default());
+        let _worker = h.synced().await;
+        let in_class = || SyncOutcome {
+            waiting_class: Some(7),
+            ..outcome(SyncState::Waiting)
+        };
+        for key in ["ns/a", "ns/b"] {
+            h.script(key, [in_class()]);
+            h.add(key, false).await;
+        }
+        h.manager.idle().await;
+        h.take_calls();
+
+        let waker = SyncOutcome {
+            wake_waiting: true,
+            ..SyncOutcome::success()
+        };
+        h.script("ns/w", [waker]);
+        h.script("ns/a", [SyncOutcome::success()]);
+        h.script("ns/b", [SyncOutcome::success()]);
+        // Both events queued before the worker runs: `w` wakes while `a`
+        // waits in the queue.
+        h.add("ns/w", false).await;
+        h.update("ns/a").await;
+        h.manager.idle().await;
+        assert_eq!(h.take_calls(), ["svc ns/w", "svc ns/a", "svc ns/b"]);
+        assert!(h.manager.waiting_keys().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
