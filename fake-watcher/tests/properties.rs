@@ -297,30 +297,38 @@ fn script_strategy() -> impl Strategy<Value = Script> {
 }
 
 /// Scripts where many Services wait alike: small pools, an initial list
-/// of plain Services (one label or none, in two namespaces, nothing
-/// requested), then any events, pool and Namespace changes among them.
-fn alike_script_strategy() -> impl Strategy<Value = Script> {
-    let plain = svc_strategy(false).prop_map(|svc| Svc {
-        namespace: svc.namespace % 2,
+/// of plain Services (nothing requested), then any events, pool and
+/// Namespace changes among them. Short ones keep the initial Services to
+/// two namespaces and one label or none, so that many are alike; longer
+/// ones (more pools, Services and events, any namespace and labels) give
+/// the waiting more ways to interleave with writes that fail.
+fn alike_script_strategy(longer: bool) -> impl Strategy<Value = Script> {
+    let (spread, pools, initial, events) = if longer {
+        (u8::MAX, 1..4, 4..16, 1..60)
+    } else {
+        (2, 1..3, 4..12, 1..30)
+    };
+    let plain = svc_strategy(false).prop_map(move |svc| Svc {
+        namespace: svc.namespace % spread,
         kind: 0,
         sharing: None,
         pool: None,
         request: None,
-        labels: svc.labels % 2,
+        labels: svc.labels % spread,
         status: None,
         claims: None,
         ..svc
     });
     (
-        prop::collection::vec((0u8..4, 0..VALID_SHAPES), 1..3),
+        prop::collection::vec((0u8..4, 0..VALID_SHAPES), pools),
         prop::collection::vec(
             plain.prop_map(|svc| Op::Service {
                 modified: false,
                 svc,
             }),
-            4..12,
+            initial,
         ),
-        prop::collection::vec(op_strategy(), 1..30),
+        prop::collection::vec(op_strategy(), events),
     )
         .prop_map(|(pools, initial, events)| Script {
             pools,
@@ -1226,18 +1234,37 @@ fn skipping_settled_services_changes_nothing() {
 fn skipping_waiting_services_alike_changes_nothing() {
     check_scripts(
         "skipping_waiting_services_alike_changes_nothing",
-        alike_script_strategy(),
+        alike_script_strategy(false),
         (any::<u64>(), 0u8..3),
-        |lines, &(seed, failures)| {
-            let text = text_of(lines);
-            let options = match failures {
-                0 => checked(),
-                1 => checked().failures(FailurePlan::seeded(seed, 30)),
-                _ => checked().failures(FailurePlan::seeded(seed, 30).failed()),
-            };
-            same_either_way(&text, &options)
-        },
+        same_either_way_failing_or_not,
     );
+}
+
+/// The same on longer streams: the strategy that found
+/// [`a_waker_whose_write_fails_does_not_stand_for_the_others_alike`].
+#[test]
+fn skipping_waiting_services_alike_changes_nothing_on_longer_streams() {
+    check_scripts(
+        "skipping_waiting_services_alike_changes_nothing_on_longer_streams",
+        alike_script_strategy(true),
+        (any::<u64>(), 0u8..3),
+        same_either_way_failing_or_not,
+    );
+}
+
+/// [`same_either_way`] on `lines` with no write failing (`failures` 0),
+/// or with seeded conflicts (1) or other failures (2).
+fn same_either_way_failing_or_not(
+    lines: &[Line],
+    &(seed, failures): &(u64, u8),
+) -> Result<(), String> {
+    let text = text_of(lines);
+    let options = match failures {
+        0 => checked(),
+        1 => checked().failures(FailurePlan::seeded(seed, 30)),
+        _ => checked().failures(FailurePlan::seeded(seed, 30).failed()),
+    };
+    same_either_way(&text, &options)
 }
 
 /// The Events of `key` (line, message) when `text` replays the same
