@@ -1429,6 +1429,21 @@ mod tests {
             worker
         }
 
+        /// Adds `keys`, each failing to get an address in one class (in
+        /// that waiting order), and forgets the calls.
+        async fn waiting_in_one_class(&self, keys: impl IntoIterator<Item = &str>) {
+            for key in keys {
+                let in_class = SyncOutcome {
+                    waiting_class: Some(7),
+                    ..outcome(SyncState::Waiting)
+                };
+                self.script(key, [in_class]);
+                self.add(key, false).await;
+            }
+            self.manager.idle().await;
+            self.take_calls();
+        }
+
         async fn add(&self, key: &str, with_address: bool) {
             let service = service(key, with_address);
             self.store
@@ -1828,16 +1843,7 @@ mod tests {
     async fn a_waker_booked_waiting_only_for_its_retry_does_not_stand_for_its_class() {
         let h = harness(ManagerConfig::default());
         let _worker = h.synced().await;
-        let in_class = || SyncOutcome {
-            waiting_class: Some(7),
-            ..outcome(SyncState::Waiting)
-        };
-        for key in ["ns/a", "ns/b"] {
-            h.script(key, [in_class()]);
-            h.add(key, false).await;
-        }
-        h.manager.idle().await;
-        h.take_calls();
+        h.waiting_in_one_class(["ns/a", "ns/b"]).await;
 
         let released_but_unwritten = SyncOutcome {
             wake_waiting: true,
@@ -1863,16 +1869,7 @@ mod tests {
     async fn a_queued_first_of_a_class_continues_its_class() {
         let h = harness(ManagerConfig::default());
         let _worker = h.synced().await;
-        let in_class = || SyncOutcome {
-            waiting_class: Some(7),
-            ..outcome(SyncState::Waiting)
-        };
-        for key in ["ns/a", "ns/b"] {
-            h.script(key, [in_class()]);
-            h.add(key, false).await;
-        }
-        h.manager.idle().await;
-        h.take_calls();
+        h.waiting_in_one_class(["ns/a", "ns/b"]).await;
 
         let waker = SyncOutcome {
             wake_waiting: true,
