@@ -645,13 +645,8 @@ impl State {
         if waits_in == Some(class) {
             return;
         }
-        if let Some((next_since, next)) = self.waiting.next_in_class(class, since) {
-            if !self.woken.contains_key(&next)
-                && !self.queued.contains(&QueueKey::Service(next.clone()))
-            {
-                self.waking.insert(next_since, next.clone());
-                self.woken.insert(next, (next_since, class));
-            }
+        if let Some(next) = self.waiting.next_in_class(class, since) {
+            self.wake_one(next, class);
         }
     }
 
