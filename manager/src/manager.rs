@@ -1882,6 +1882,37 @@ mod tests {
         assert!(h.manager.waiting_keys().is_empty());
     }
 
+    /// The same for the next of a class: queued (its event came while the
+    /// woken one before it ran) when that one gets an address, it is run
+    /// from the queue and the rest of its class follows.
+    #[tokio::test(start_paused = true)]
+    async fn a_queued_next_of_a_class_continues_its_class() {
+        let h = harness(ManagerConfig::default());
+        let _worker = h.synced().await;
+        h.waiting_in_one_class(["ns/a", "ns/b", "ns/c"]).await;
+
+        let waker = SyncOutcome {
+            wake_waiting: true,
+            ..SyncOutcome::success()
+        };
+        h.script("ns/w", [waker]);
+        for key in ["ns/a", "ns/b", "ns/c"] {
+            h.script(key, [SyncOutcome::success()]);
+        }
+        let permits = h.gate("ns/a");
+        h.add("ns/w", false).await;
+        // `a`, woken, is in flight: `b`'s event queues it.
+        h.fake.entered.notified().await;
+        h.update("ns/b").await;
+        permits.add_permits(1);
+        h.manager.idle().await;
+        assert_eq!(
+            h.take_calls(),
+            ["svc ns/w", "svc ns/a", "svc ns/b", "svc ns/c"]
+        );
+        assert!(h.manager.waiting_keys().is_empty());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn cilium_pools_are_applied_with_the_other_pools_before_services_at_sync() {
         let h = harness(ManagerConfig::default());
