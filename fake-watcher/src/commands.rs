@@ -1,6 +1,7 @@
-//! The `explain` and `what-if` commands (docs/replay.md §3.1): their flags,
-//! and the exit statuses around the library's `explain_stream` and
-//! `what_if`. Part of the binary only (clap is not the library's).
+//! The `explain` and `what-if` commands (docs/replay.md §3.1), and what
+//! every command shares: the replay flags, opening the stream and the exit
+//! statuses around the library's calls. Part of the binary only (clap is
+//! not the library's).
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Write};
@@ -13,26 +14,51 @@ use fake_watcher::{
     what_if, OutputFormat, ReplayError, ReplayOptions,
 };
 
-/// Bad input or usage.
-const BAD_INPUT: u8 = 2;
-/// A failure that is not the input's fault.
-const FAILED: u8 = 1;
+/// Exit status for bad input or bad usage (clap uses it for usage errors).
+pub(crate) const BAD_INPUT: u8 = 2;
+/// Exit status when the replay itself failed (not the input's fault).
+pub(crate) const FAILED: u8 = 1;
 /// `what-if --fail-on-change`: a Service lost or changed an address.
 const CHANGED: u8 = 3;
 
-/// The replay options both commands take.
+/// The replay options of every command.
+#[derive(clap::Args)]
+pub(crate) struct ReplayInputs {
+    /// Load pools first: a MetalLB legacy configuration file, or pool
+    /// objects (IPAddressPool, CiliumLoadBalancerIPPool).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Handle only Services of this spec.loadBalancerClass (empty: only
+    /// Services without one, as without the flag).
+    #[arg(long, value_name = "NAME")]
+    lb_class: Option<String>,
+}
+
+impl ReplayInputs {
+    /// The replay options, or the exit status of a bad `--config`.
+    pub(crate) fn options(&self) -> Result<ReplayOptions, ExitCode> {
+        let mut options = ReplayOptions {
+            lb_class: self.lb_class.clone().filter(|class| !class.is_empty()),
+            ..ReplayOptions::default()
+        };
+        if let Some(path) = &self.config {
+            options.pools = load_config(path).map_err(|error| {
+                eprintln!("{error}");
+                ExitCode::from(BAD_INPUT)
+            })?;
+        }
+        Ok(options)
+    }
+}
+
+/// The flags `explain` and `what-if` take.
 #[derive(clap::Args)]
 pub(crate) struct ReplayFlags {
     /// How to print the result.
     #[arg(long, short, value_enum, default_value_t = Output::Table)]
     output: Output,
-    /// Load pools first: a MetalLB legacy configuration file, or pool
-    /// objects (IPAddressPool, CiliumLoadBalancerIPPool).
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Handle only Services of this spec.loadBalancerClass.
-    #[arg(long, value_name = "NAME")]
-    lb_class: Option<String>,
+    #[command(flatten)]
+    inputs: ReplayInputs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -82,29 +108,35 @@ pub(crate) struct WhatIfArgs {
     flags: ReplayFlags,
 }
 
-/// The replay options of `flags`, or the exit status of a bad `--config`.
-fn options(flags: &ReplayFlags) -> Result<ReplayOptions, ExitCode> {
-    let mut options = ReplayOptions {
-        lb_class: flags.lb_class.clone(),
-        ..ReplayOptions::default()
-    };
-    if let Some(path) = &flags.config {
-        options.pools = load_config(path).map_err(|error| {
-            eprintln!("{error}");
-            ExitCode::from(BAD_INPUT)
-        })?;
-    }
-    Ok(options)
-}
+/// A stream to replay: its name for messages, its size when it is a file,
+/// and a reader.
+pub(crate) type Stream = (String, Option<u64>, Box<dyn BufRead + Send>);
 
-/// The stream's name in messages and its reader.
-fn open(stream: &PathBuf) -> Result<(String, Box<dyn BufRead + Send>), ExitCode> {
-    if stream.as_os_str() == "-" {
-        return Ok(("<stdin>".to_owned(), Box::new(BufReader::new(io::stdin()))));
+/// Opens `path` (`-`: standard input); the error is the exit code, after
+/// the message is printed.
+pub(crate) fn open_stream(path: &std::path::Path) -> Result<Stream, ExitCode> {
+    if path.as_os_str() == "-" {
+        return Ok((
+            "<stdin>".to_owned(),
+            None,
+            Box::new(BufReader::with_capacity(1 << 16, io::stdin())),
+        ));
     }
-    let name = stream.display().to_string();
-    match File::open(stream) {
-        Ok(file) => Ok((name, Box::new(BufReader::with_capacity(1 << 16, file)))),
+    let name = path.display().to_string();
+    match File::open(path) {
+        Ok(file) => {
+            // The size of a file, not of a pipe or a device.
+            let size = file
+                .metadata()
+                .ok()
+                .filter(std::fs::Metadata::is_file)
+                .map(|metadata| metadata.len());
+            Ok((
+                name,
+                size,
+                Box::new(BufReader::with_capacity(1 << 16, file)),
+            ))
+        }
         Err(error) => {
             eprintln!("{name}: cannot open: {error}");
             Err(ExitCode::from(BAD_INPUT))
@@ -112,7 +144,8 @@ fn open(stream: &PathBuf) -> Result<(String, Box<dyn BufRead + Send>), ExitCode>
     }
 }
 
-fn replay_failed(error: &ReplayError) -> ExitCode {
+/// Prints `error`; its exit status.
+pub(crate) fn replay_failed(error: &ReplayError) -> ExitCode {
     eprintln!("{error}");
     ExitCode::from(match error {
         ReplayError::Stream(_) | ReplayError::Store(_) => BAD_INPUT,
@@ -140,13 +173,13 @@ pub(crate) fn run_explain(args: &ExplainArgs) -> ExitCode {
 }
 
 fn explain(args: &ExplainArgs) -> Result<(), ExitCode> {
-    let options = options(&args.flags)?;
+    let options = args.flags.inputs.options()?;
     let key = if args.service.contains('/') {
         args.service.clone()
     } else {
         format!("default/{}", args.service)
     };
-    let (name, reader) = open(&args.stream)?;
+    let (name, _, reader) = open_stream(&args.stream)?;
     let document = explain_stream(&name, reader, &options, &key, args.at)
         .map_err(|error| replay_failed(&error))?;
     let Some(document) = document else {
@@ -169,7 +202,7 @@ pub(crate) fn run_what_if(args: &WhatIfArgs) -> ExitCode {
 }
 
 fn run_what_if_inner(args: &WhatIfArgs) -> Result<ExitCode, ExitCode> {
-    let options = options(&args.flags)?;
+    let options = args.flags.inputs.options()?;
     let bad = |error: fake_watcher::WhatIfError| {
         eprintln!("{error}");
         ExitCode::from(BAD_INPUT)
@@ -181,7 +214,7 @@ fn run_what_if_inner(args: &WhatIfArgs) -> Result<ExitCode, ExitCode> {
     for argument in &args.delete {
         appended.push(parse_delete(argument).map_err(bad)?);
     }
-    let (name, reader) = open(&args.stream)?;
+    let (name, _, reader) = open_stream(&args.stream)?;
     let report =
         what_if(&name, reader, &options, &appended).map_err(|error| replay_failed(&error))?;
     let format = OutputFormat::from(args.flags.output);

@@ -3,16 +3,16 @@
 
 mod commands;
 
-use std::fs::File;
-use std::io::{self, BufRead, BufReader, IsTerminal, Write};
+use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use commands::{open_stream, replay_failed, BAD_INPUT, FAILED};
 use fake_watcher::{
-    load_config, render_table_with, replay_pipelined, write_result, Observer, OutputError,
-    OutputFormat, ReplayError, ReplayOptions, ReplayOutput, StreamError, TableNotes,
+    render_table_with, replay_pipelined, write_result, Observer, OutputError, OutputFormat,
+    ReplayOutput, StreamError, TableNotes,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tracing_subscriber::EnvFilter;
@@ -22,11 +22,6 @@ use tracing_subscriber::EnvFilter;
 /// the replay runs about a quarter faster).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Exit status for bad input or bad usage (clap uses it for usage errors).
-const BAD_INPUT: u8 = 2;
-/// Exit status when the replay itself failed (not the input's fault).
-const FAILED: u8 = 1;
 
 #[derive(Parser)]
 #[command(name = "fake-watcher", version, about)]
@@ -52,14 +47,8 @@ struct ReplayArgs {
     /// How to print the result.
     #[arg(long, short, value_enum, default_value_t = Output::Table)]
     output: Output,
-    /// Load pools first: a MetalLB legacy configuration file, or pool
-    /// objects (IPAddressPool, CiliumLoadBalancerIPPool).
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Handle only Services of this spec.loadBalancerClass (empty: only
-    /// Services without one, as without the flag).
-    #[arg(long, value_name = "NAME")]
-    lb_class: Option<String>,
+    #[command(flatten)]
+    inputs: commands::ReplayInputs,
     /// Skip bad lines (reported on stderr; exit status 2 at the end).
     #[arg(long)]
     keep_going: bool,
@@ -248,42 +237,6 @@ impl Observer for Reporter {
     }
 }
 
-/// A stream to replay: its name for messages, its size when it is a file,
-/// and a reader.
-type Stream = (String, Option<u64>, Box<dyn BufRead + Send>);
-
-/// Opens `path` (`-`: standard input); the error is the exit code, after
-/// the message is printed.
-fn open_stream(path: &std::path::Path) -> Result<Stream, ExitCode> {
-    if path.as_os_str() == "-" {
-        return Ok((
-            "<stdin>".to_owned(),
-            None,
-            Box::new(BufReader::with_capacity(1 << 16, io::stdin())),
-        ));
-    }
-    let name = path.display().to_string();
-    match File::open(path) {
-        Ok(file) => {
-            // The size of a file, not of a pipe or a device.
-            let size = file
-                .metadata()
-                .ok()
-                .filter(std::fs::Metadata::is_file)
-                .map(|metadata| metadata.len());
-            Ok((
-                name,
-                size,
-                Box::new(BufReader::with_capacity(1 << 16, file)),
-            ))
-        }
-        Err(error) => {
-            eprintln!("{name}: cannot open: {error}");
-            Err(ExitCode::from(BAD_INPUT))
-        }
-    }
-}
-
 /// Writes the result in the chosen format to stdout as it is rendered (a
 /// closed pipe is not an error).
 fn print_result(args: &ReplayArgs, output: &ReplayOutput) -> Result<(), ExitCode> {
@@ -314,19 +267,12 @@ fn print_result(args: &ReplayArgs, output: &ReplayOutput) -> Result<(), ExitCode
 }
 
 fn run_replay(args: &ReplayArgs) -> ExitCode {
-    let mut options = ReplayOptions::default().keep_going(args.keep_going);
-    options.lb_class = args.lb_class.clone().filter(|class| !class.is_empty());
+    let mut options = match args.inputs.options() {
+        Ok(options) => options.keep_going(args.keep_going),
+        Err(code) => return code,
+    };
     // The process ends after the output: the OS frees the state at once.
     options.leak_state = true;
-    if let Some(path) = &args.config {
-        match load_config(path) {
-            Ok(pools) => options.pools = pools,
-            Err(error) => {
-                eprintln!("{error}");
-                return ExitCode::from(BAD_INPUT);
-            }
-        }
-    }
     let (name, size, reader) = match open_stream(&args.stream) {
         Ok(stream) => stream,
         Err(code) => return code,
@@ -340,13 +286,7 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
     reporter.finish();
     let output = match replayed {
         Ok(output) => output,
-        Err(error) => {
-            eprintln!("{error}");
-            return ExitCode::from(match error {
-                ReplayError::Stream(_) | ReplayError::Store(_) => BAD_INPUT,
-                _ => FAILED,
-            });
-        }
+        Err(error) => return replay_failed(&error),
     };
     let printed = print_result(args, &output);
     let code = if output.skipped.is_empty() {
