@@ -1660,3 +1660,38 @@ fn a_waker_whose_write_fails_does_not_stand_for_the_others_alike() {
         Some(vec!["10.0.4.4".to_owned(), "fd00::20".to_owned()])
     );
 }
+
+/// Found by `skipping_waiting_services_alike_changes_nothing_on_longer_streams`:
+/// `default/s0` asks for 10.0.1.0, which `b/s1` holds, and waits with a
+/// message naming `b/s1`. The delete of `b/s0` frees an IPv6 address, so
+/// `a/s1`, which waited longer, gets it and joins `b/s1` on 10.0.1.0.
+/// Reconsidering every waiting Service in order runs `default/s0` after
+/// that, and its message names `a/s1` now; the wake had not woken it,
+/// since the delete freed nothing it asked for.
+#[test]
+fn a_holder_that_joins_during_a_wake_renames_the_holder_for_those_after_it() {
+    let stream = [
+        r#"{"object":{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{"name":"p0","namespace":"metallb-system"},"spec":{"addresses":["10.0.1.0/31","fd00::10-fd00::11"]}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s1","namespace":"b"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s2"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s1","namespace":"a"},"spec":{"ipFamilyPolicy":"RequireDualStack","ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s0","namespace":"b"},"spec":{"ipFamilyPolicy":"PreferDualStack","ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/loadBalancerIPs":"10.0.1.0"},"name":"s0"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s3","namespace":"b"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/allow-shared-ip":"key1"},"name":"s1","namespace":"b"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s3","namespace":"b"}},"type":"DELETED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s2","namespace":"a"},"spec":{"ipFamilyPolicy":"PreferDualStack","ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/allow-shared-ip":"key1"},"name":"s1","namespace":"a"},"spec":{"ports":[{"port":443,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s0","namespace":"b"}},"type":"DELETED"}"#,
+    ]
+    .join("\n");
+    same_either_way(&stream, &checked()).unwrap();
+    let messages = events_either_way(&stream, "default/s0");
+    assert_eq!(
+        messages.last().map(|(line, message)| (*line, message.as_str())),
+        Some((
+            12,
+            "Failed to allocate IP for \"default/s0\": 10.0.1.0 cannot be used: it is in use by a/s1"
+        ))
+    );
+}

@@ -125,6 +125,11 @@ struct State {
     waking: BTreeMap<u64, String>,
     /// Woken Services not yet reconsidered: their waiting order and class.
     woken: HashMap<String, (u64, ClassId), FastHash>,
+    /// While a wake is worked through (until the queue and `waking` are
+    /// empty): the waiting order from which the waiting Services are still
+    /// ahead of it, those that reconsidering every waiting Service in
+    /// order would run after what runs now (see [`State::wake_joined`]).
+    wake_from: Option<u64>,
     /// Failures in a row of a key that asked for a retry.
     attempts: HashMap<QueueKey, u32, FastHash>,
     /// Pending retries by deadline (the sequence number breaks ties).
@@ -397,9 +402,14 @@ impl Waiting {
 
     /// The member of `class` that has waited longest after `since`.
     fn next_in_class(&self, class: ClassId, since: u64) -> Option<(u64, String)> {
+        self.first_in_class_from(class, since.saturating_add(1))
+    }
+
+    /// The member of `class` that has waited longest from `from` on.
+    fn first_in_class_from(&self, class: ClassId, from: u64) -> Option<(u64, String)> {
         let members = &self.classes.get(&class)?.members;
         members
-            .range(since.saturating_add(1)..)
+            .range(from..)
             .next()
             .map(|(since, key)| (*since, key.clone()))
     }
@@ -441,6 +451,7 @@ impl State {
     /// such class (the others of a class follow only while those before
     /// them get addresses).
     fn wake(&mut self, freed: &[WakeOn], except: Option<Waker<'_>>) {
+        self.wake_from = Some(0);
         let mut heads = self.waiting.heads(freed);
         // One whose last write failed would write again if run now, as
         // running every waiting Service on every wake (docs/allocation.md
@@ -470,6 +481,30 @@ impl State {
                 _ => (since, key),
             };
             self.wake_one(head, class);
+        }
+    }
+
+    /// Wakes, while a wake is worked through, the waiting Services refused
+    /// an address that a Service just took ([`SyncOutcome::joined`]) and
+    /// that the wake has yet to reach: reconsidering every waiting Service
+    /// in order (docs/allocation.md §4.6) runs them after it, and their
+    /// message then names the holders with it.
+    fn wake_joined(&mut self, joined: &[WakeOn]) {
+        let Some(from) = self.wake_from else {
+            return;
+        };
+        let mut classes: Vec<ClassId> = joined
+            .iter()
+            .filter_map(|key| self.waiting.on_key.get(key))
+            .flatten()
+            .copied()
+            .collect();
+        classes.sort_unstable();
+        classes.dedup();
+        for class in classes {
+            if let Some(first) = self.waiting.first_in_class_from(class, from) {
+                self.wake_one(first, class);
+            }
         }
     }
 
@@ -516,6 +551,7 @@ impl State {
     fn clear_wakes(&mut self) {
         self.waking.clear();
         self.woken.clear();
+        self.wake_from = None;
     }
 
     /// Marks `key`, just taken from the queue, in flight: a pending retry is
@@ -595,6 +631,10 @@ impl State {
             _ => None,
         };
         if let Some(name) = service {
+            if let Some((since, _)) = self.woken.get(name) {
+                // The wake has reached it.
+                self.wake_from = Some(since.saturating_add(1));
+            }
             let waits = matches!(outcome.state, SyncState::Waiting) && !deleted;
             let waits_in = outcome.waiting_class.filter(|_| waits).map(ClassId::Demand);
             self.continue_class(name, waits_in);
@@ -622,6 +662,8 @@ impl State {
                 waits: outcome.state == SyncState::Waiting || outcome.waiting_too,
             });
             self.wake(&outcome.freed, waker);
+        } else {
+            self.wake_joined(&outcome.joined);
         }
         match outcome.reconsider {
             Reconsider::None => {}
@@ -632,6 +674,9 @@ impl State {
             if service != Some(other.as_str()) {
                 self.enqueue(QueueKey::Service(other));
             }
+        }
+        if self.queue.is_empty() && self.waking.is_empty() {
+            self.wake_from = None;
         }
     }
 
@@ -1880,6 +1925,56 @@ mod tests {
         h.manager.idle().await;
         assert_eq!(h.take_calls(), ["svc ns/w", "svc ns/a", "svc ns/b"]);
         assert!(h.manager.waiting_keys().is_empty());
+    }
+
+    /// A woken Service that takes an address wakes those refused it that
+    /// the wake has yet to reach (`c`, waiting after it, and the rest of
+    /// its class while they get addresses), not those it has passed (`a`);
+    /// once the wake is through, a take wakes no one.
+    #[tokio::test(start_paused = true)]
+    async fn a_take_during_a_wake_wakes_those_refused_it_after_the_taker() {
+        let h = harness(ManagerConfig::default());
+        let _worker = h.synced().await;
+        let taken = WakeOn::Holders("10.0.0.1".parse().unwrap());
+        let pool = WakeOn::UnpinnedPool(allocator::Family::V4);
+        let waits_on = |class, key: &WakeOn| SyncOutcome {
+            waiting_class: Some(class),
+            wake_on: Some(vec![key.clone()]),
+            ..outcome(SyncState::Waiting)
+        };
+        let takes = || SyncOutcome {
+            joined: vec![taken.clone()],
+            ..SyncOutcome::success()
+        };
+        for (key, waits) in [
+            ("ns/a", waits_on(7, &taken)),
+            ("ns/w", waits_on(8, &pool)),
+            ("ns/c", waits_on(7, &taken)),
+            ("ns/f", waits_on(7, &taken)),
+        ] {
+            h.script(key, [waits]);
+            h.add(key, false).await;
+        }
+        h.manager.idle().await;
+        h.take_calls();
+
+        let frees_pool = SyncOutcome {
+            wake_waiting: true,
+            freed: vec![pool.clone()],
+            ..SyncOutcome::success()
+        };
+        h.script("ns/d", [frees_pool]);
+        h.script("ns/w", [takes()]);
+        h.script("ns/c", [waits_on(7, &taken)]);
+        h.add("ns/d", false).await;
+        h.manager.idle().await;
+        assert_eq!(h.take_calls(), ["svc ns/d", "svc ns/w", "svc ns/c"]);
+        assert_eq!(h.manager.waiting_keys(), ["ns/a", "ns/c", "ns/f"]);
+
+        h.script("ns/e", [takes()]);
+        h.add("ns/e", false).await;
+        h.manager.idle().await;
+        assert_eq!(h.take_calls(), ["svc ns/e"]);
     }
 
     /// The same for the next of a class: queued (its event came while the

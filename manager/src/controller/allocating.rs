@@ -1125,6 +1125,7 @@ fn sync_outcome(
     }
     outcome.wake_waiting = released_any;
     outcome.freed = freed(allocator, change.before, change.after);
+    outcome.joined = joined(change.before, change.after);
     if let (Some(before), Some(sharing_before)) = (change.before, &change.sharing_before) {
         if sharing_of(allocator, key).as_ref() != Some(sharing_before) {
             let others = others_on(before, change.after);
@@ -1205,6 +1206,21 @@ fn freed(
     freed.sort();
     freed.dedup();
     freed
+}
+
+/// Each address `after` holds that `before` did not, as the
+/// [`WakeOn::Holders`] key of those refused it.
+fn joined(before: Option<&AllocatorHolding>, after: Option<&AllocatorHolding>) -> Vec<WakeOn> {
+    let Some(after) = after else {
+        return Vec::new();
+    };
+    let held_before = |ip: &IpAddr| before.is_some_and(|b| b.ips.contains(ip));
+    after
+        .ips
+        .iter()
+        .filter(|ip| !held_before(ip))
+        .map(|ip| WakeOn::Holders(*ip))
+        .collect()
 }
 
 /// What a free address of `family` in `pool` frees: the pool's own key

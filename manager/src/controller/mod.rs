@@ -45,6 +45,12 @@ pub struct SyncOutcome {
     /// the waiting Services it can serve are woken (docs/allocation.md
     /// §4.9), besides those woken by any release.
     pub freed: Vec<WakeOn>,
+    /// [`WakeOn::Holders`] of each address this reconciliation took: while
+    /// a wake is worked through, the waiting Services refused one of them
+    /// that it has yet to reach are run too, as reconsidering every waiting
+    /// Service in order would run them after this one and name it among
+    /// the holders (docs/allocation.md §4.6).
+    pub joined: Vec<WakeOn>,
     /// With [`SyncState::Retry`]: the Service could get no address, and
     /// only the write of that (clearing its status) failed. It waits from
     /// now on all the same (docs/allocation.md §4.6: waiting starts when a Service
@@ -67,6 +73,7 @@ impl SyncOutcome {
             alike: None,
             wake_on: None,
             freed: Vec::new(),
+            joined: Vec::new(),
             waiting_too: false,
         }
     }
