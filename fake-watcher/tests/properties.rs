@@ -1695,3 +1695,42 @@ fn a_holder_that_joins_during_a_wake_renames_the_holder_for_those_after_it() {
         ))
     );
 }
+
+/// The same for those refused a later address they asked for: `h` and `v`
+/// ask for 10.0.0.0 and fd00::, and are refused fd00::, so every delete
+/// wakes each of them (a Service taking 10.0.0.0 from free changes their
+/// message). The delete of `y2` frees fd00::1, which `w`, waiting between
+/// them, takes with 10.0.0.0: `h` is run before it and keeps its message,
+/// `v` after it and is refused 10.0.0.0 now, as reconsidering every
+/// waiting Service in order gives.
+#[test]
+fn a_take_during_a_wake_renames_the_address_refused_for_those_after_it() {
+    let pool = r#"{"type":"ADDED","object":{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{"name":"p0"},"spec":{"addresses":["10.0.0.0/32","fd00::/127"]}}}"#;
+    let service = |name: &str, spec: &str, annotations: &str| {
+        format!(
+            r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"{name}","annotations":{{{annotations}}}}},"spec":{{"type":"LoadBalancer","ports":[{{"port":80,"protocol":"TCP"}}]{spec}}}}}}}"#
+        )
+    };
+    let v6 = r#","ipFamilies":["IPv6"]"#;
+    let dual = r#","ipFamilyPolicy":"RequireDualStack""#;
+    let asks = r#""metallb.io/loadBalancerIPs":"10.0.0.0,fd00::""#;
+    let stream = [
+        pool.to_owned(),
+        service("y1", v6, ""),
+        service("y2", v6, ""),
+        service("h", dual, asks),
+        service("w", dual, ""),
+        service("v", dual, asks),
+        r#"{"type":"DELETED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"y2","namespace":"default"}}}"#.to_owned(),
+    ]
+    .join("\n");
+    same_either_way(&stream, &checked()).unwrap();
+    let messages = events_either_way(&stream, "default/v");
+    assert_eq!(
+        messages.last().map(|(line, message)| (*line, message.as_str())),
+        Some((
+            7,
+            "Failed to allocate IP for \"default/v\": 10.0.0.0 cannot be used: it is in use by default/w"
+        ))
+    );
+}
