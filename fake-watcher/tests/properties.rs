@@ -1734,3 +1734,38 @@ fn a_take_during_a_wake_renames_the_address_refused_for_those_after_it() {
         ))
     );
 }
+
+/// Found by the same property once a take during a wake woke those refused
+/// the address: `default/s3` now asks for 10.0.0.3, which `b/s0` holds, so
+/// it releases it and waits, and the release wakes `a/s2`, which takes
+/// 10.0.0.3 beside `b/s0`. `default/s3` woke them: reconsidering the
+/// waiting Services does not run it again, so its message still names
+/// `b/s0` (the next wake names `a/s2`).
+#[test]
+fn a_take_during_a_wake_does_not_wake_its_waker() {
+    let stream = [
+        r#"{"object":{"apiVersion":"metallb.io/v1beta1","kind":"IPAddressPool","metadata":{"name":"p3","namespace":"metallb-system"},"spec":{"addresses":["10.0.0.0/30"]}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s0"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s1"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s1","namespace":"a"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s3"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s2"},"spec":{"ipFamilyPolicy":"PreferDualStack","ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"type":"SYNCED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s0"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/allow-shared-ip":"key0"},"name":"s0","namespace":"b"},"spec":{"ports":[{"port":443,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/allow-shared-ip":"key0"},"name":"s3"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"s0"}},"type":"DELETED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/allow-shared-ip":"key0"},"name":"s2","namespace":"a"},"spec":{"ports":[{"port":80,"protocol":"TCP"},{"port":53,"protocol":"UDP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+        r#"{"object":{"apiVersion":"v1","kind":"Service","metadata":{"annotations":{"metallb.io/loadBalancerIPs":"10.0.0.3"},"name":"s3"},"spec":{"ports":[{"port":80,"protocol":"TCP"}],"type":"LoadBalancer"}},"type":"ADDED"}"#,
+    ]
+    .join("\n");
+    same_either_way(&stream, &checked()).unwrap();
+    let messages = events_either_way(&stream, "default/s3");
+    assert_eq!(
+        messages.last().map(|(line, message)| (*line, message.as_str())),
+        Some((
+            13,
+            "Failed to allocate IP for \"default/s3\": 10.0.0.3 cannot be used: it is in use by b/s0"
+        ))
+    );
+}

@@ -101,6 +101,14 @@ impl QueueKey {
     }
 }
 
+/// Where a wake is: reconsidering every waiting Service in order (docs/
+/// allocation.md §4.6) would still run those from the waiting order `from`
+/// on, but the one whose release woke them.
+struct WakeThrough {
+    from: u64,
+    waker: Option<String>,
+}
+
 /// Everything the handlers and the worker share.
 #[derive(Default)]
 struct State {
@@ -125,11 +133,9 @@ struct State {
     waking: BTreeMap<u64, String>,
     /// Woken Services not yet reconsidered: their waiting order and class.
     woken: HashMap<String, (u64, ClassId), FastHash>,
-    /// While a wake is worked through (until the queue and `waking` are
-    /// empty): the waiting order from which the waiting Services are still
-    /// ahead of it, those that reconsidering every waiting Service in
-    /// order would run after what runs now (see [`State::wake_joined`]).
-    wake_from: Option<u64>,
+    /// The wake being worked through, until the queue and `waking` are
+    /// empty (see [`State::wake_joined`]).
+    wake_through: Option<WakeThrough>,
     /// Failures in a row of a key that asked for a retry.
     attempts: HashMap<QueueKey, u32, FastHash>,
     /// Pending retries by deadline (the sequence number breaks ties).
@@ -451,7 +457,10 @@ impl State {
     /// such class (the others of a class follow only while those before
     /// them get addresses).
     fn wake(&mut self, freed: &[WakeOn], except: Option<Waker<'_>>) {
-        self.wake_from = Some(0);
+        self.wake_through = Some(WakeThrough {
+            from: 0,
+            waker: except.map(|waker| waker.key.to_owned()),
+        });
         let mut heads = self.waiting.heads(freed);
         // One whose last write failed would write again if run now, as
         // running every waiting Service on every wake (docs/allocation.md
@@ -490,7 +499,7 @@ impl State {
     /// in order (docs/allocation.md §4.6) runs them after it, and their
     /// message then names the holders with it.
     fn wake_joined(&mut self, joined: &[WakeOn]) {
-        let Some(from) = self.wake_from else {
+        let Some(WakeThrough { from, waker }) = &self.wake_through else {
             return;
         };
         let mut classes: Vec<ClassId> = joined
@@ -501,9 +510,12 @@ impl State {
             .collect();
         classes.sort_unstable();
         classes.dedup();
+        let (from, waker) = (*from, waker.clone());
         for class in classes {
             if let Some(first) = self.waiting.first_in_class_from(class, from) {
-                self.wake_one(first, class);
+                if waker.as_ref() != Some(&first.1) {
+                    self.wake_one(first, class);
+                }
             }
         }
     }
@@ -551,7 +563,7 @@ impl State {
     fn clear_wakes(&mut self) {
         self.waking.clear();
         self.woken.clear();
-        self.wake_from = None;
+        self.wake_through = None;
     }
 
     /// Marks `key`, just taken from the queue, in flight: a pending retry is
@@ -633,7 +645,9 @@ impl State {
         if let Some(name) = service {
             if let Some((since, _)) = self.woken.get(name) {
                 // The wake has reached it.
-                self.wake_from = Some(since.saturating_add(1));
+                if let Some(wake) = &mut self.wake_through {
+                    wake.from = since.saturating_add(1);
+                }
             }
             let waits = matches!(outcome.state, SyncState::Waiting) && !deleted;
             let waits_in = outcome.waiting_class.filter(|_| waits).map(ClassId::Demand);
@@ -676,7 +690,7 @@ impl State {
             }
         }
         if self.queue.is_empty() && self.waking.is_empty() {
-            self.wake_from = None;
+            self.wake_through = None;
         }
     }
 
