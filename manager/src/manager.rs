@@ -502,6 +502,9 @@ impl State {
         let Some(WakeThrough { from, waker }) = &self.wake_through else {
             return;
         };
+        if joined.is_empty() {
+            return;
+        }
         let mut classes: Vec<ClassId> = joined
             .iter()
             .filter_map(|key| self.waiting.on_key.get(key))
