@@ -1579,6 +1579,15 @@ mod tests {
                 .extend(outcomes);
         }
 
+        /// Once the gated reconciliation is in flight, an update of `key`;
+        /// then lets it go (`permits`) and waits until idle.
+        async fn update_while_in_flight(&self, key: &str, permits: &Semaphore) {
+            self.fake.entered.notified().await;
+            self.update(key).await;
+            permits.add_permits(1);
+            self.manager.idle().await;
+        }
+
         /// Makes the next `set_balancer(key)` block until a permit is added.
         fn gate(&self, key: &str) -> Arc<Semaphore> {
             let permits = Arc::new(Semaphore::new(0));
@@ -1805,10 +1814,7 @@ mod tests {
         h.script("ns/b", [outcome(SyncState::Invalid)]);
         let permits = h.gate("ns/d");
         h.delete("ns/d").await;
-        h.fake.entered.notified().await;
-        h.update("ns/b").await;
-        permits.add_permits(1);
-        h.manager.idle().await;
+        h.update_while_in_flight("ns/b", &permits).await;
         assert_eq!(
             h.take_calls(),
             ["svc- ns/d", "svc ns/b", "svc ns/c", "svc ns/a"]
@@ -2014,10 +2020,7 @@ mod tests {
         let permits = h.gate("ns/a");
         h.add("ns/w", false).await;
         // `a`, woken, is in flight: `b`'s event queues it.
-        h.fake.entered.notified().await;
-        h.update("ns/b").await;
-        permits.add_permits(1);
-        h.manager.idle().await;
+        h.update_while_in_flight("ns/b", &permits).await;
         assert_eq!(
             h.take_calls(),
             ["svc ns/w", "svc ns/a", "svc ns/b", "svc ns/c"]
