@@ -968,7 +968,7 @@ impl Model {
 // ----- running -----
 
 /// Replays `text` on a runtime with a paused clock (retries take no time).
-fn replay(text: &str, options: &ReplayOptions) -> Result<ReplayOutput, ReplayError> {
+pub(super) fn replay(text: &str, options: &ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -982,7 +982,7 @@ fn checked() -> ReplayOptions {
 }
 
 /// `key → (ips, pool)` of every LoadBalancer Service.
-fn addresses(result: &ReplayResult) -> BTreeMap<String, (Vec<String>, Option<String>)> {
+pub(super) fn addresses(result: &ReplayResult) -> BTreeMap<String, (Vec<String>, Option<String>)> {
     result
         .services
         .iter()
@@ -990,7 +990,7 @@ fn addresses(result: &ReplayResult) -> BTreeMap<String, (Vec<String>, Option<Str
         .collect()
 }
 
-fn cases() -> u32 {
+pub(super) fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|cases| cases.parse().ok())

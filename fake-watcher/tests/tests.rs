@@ -18,6 +18,10 @@ mod corpus;
 // and failed writes that change no address, streams cut mid-line.
 mod properties;
 
+// An independent, naive model of the allocation rules: random streams must
+// end with the same addresses in the replay and in the model.
+mod reference;
+
 // Bad lines and bad values: a precise error each, the rest undisturbed.
 mod bad_input;
 
