@@ -163,20 +163,17 @@ fn spec_strategy(initial: bool) -> impl Strategy<Value = Spec> {
                 0.75,
                 (0..CLAIMS.len() as u8, 0..CLAIMS.len() as u8, any::<bool>()),
             ),
+            proptest::bool::weighted(0.12),
         ),
     )
         .prop_map(
             move |(
                 (load_balancer, class, stack, headless),
                 (sharing, pool, request, load_balancer_ip),
-                (ports, local, tier, status),
+                (ports, local, tier, status, late_status),
             )| Spec {
-                // The initial list holds LoadBalancers of no class: a
-                // status on any other Service is someone else's, which
-                // the replay leaves as it is and this model does not
-                // follow.
-                load_balancer: load_balancer || initial,
-                class: if initial { 0 } else { class },
+                load_balancer,
+                class,
                 stack,
                 headless,
                 sharing,
@@ -186,9 +183,10 @@ fn spec_strategy(initial: bool) -> impl Strategy<Value = Spec> {
                 ports,
                 local,
                 tier,
-                // Statuses come with the initial list only: after it, the
-                // replay's store holds what the controller wrote.
-                status: status.filter(|_| initial),
+                // Statuses come with the initial list mostly; after it,
+                // a line with one is a user's (or another controller's)
+                // edit of the status.
+                status: status.filter(|_| initial || late_status),
             },
         )
 }
@@ -391,10 +389,8 @@ fn service_object(namespace: u8, name: u8, spec: &Spec) -> Value {
             claimed.extend(of(families[1], second));
         }
         claimed.sort_by_key(|ip| ip.contains(':'));
-        if spec.load_balancer {
-            let ingress: Vec<Value> = claimed.iter().map(|ip| json!({"ip": ip})).collect();
-            object["status"] = json!({"loadBalancer": {"ingress": ingress}});
-        }
+        let ingress: Vec<Value> = claimed.iter().map(|ip| json!({"ip": ip})).collect();
+        object["status"] = json!({"loadBalancer": {"ingress": ingress}});
     }
     object
 }
@@ -832,64 +828,65 @@ impl Model {
         }
     }
 
-    /// One reconciliation; whether it released anything.
+    /// One reconciliation (§4.4, from the status the store shows); whether
+    /// it released anything. `keep_only`: the first pass of §4.5, which
+    /// keeps or releases and hands out nothing.
     fn reconcile(&mut self, key: &str, keep_only: bool) -> bool {
+        let before = self.held.remove(key);
         let Some(svc) = self.services.get(key).filter(|s| s.ours).cloned() else {
+            // No longer ours: what we wrote goes with what we held.
             self.waiting.remove(key);
-            return self.held.remove(key).is_some();
+            if before.is_some() {
+                self.status.insert(key.to_owned(), Vec::new());
+            }
+            return before.is_some();
         };
-        let mut released = false;
-        if let Some((_, ips)) = self.held.get(key).cloned() {
-            match self.allowed(key, &svc, &ips) {
-                Some(pool) => {
-                    self.held
-                        .insert(key.to_owned(), (pool.clone(), ips.clone()));
-                    if svc.request == Request::Invalid {
-                        self.waiting.remove(key);
-                        return false;
-                    }
-                    if !svc.half_served(&ips) {
-                        self.waiting.remove(key);
-                    } else if !keep_only {
-                        let missing = !is_v6(ips[0]);
-                        let added = self
-                            .pool(&pool)
-                            .and_then(|p| self.lowest(p, missing, key, &svc));
-                        match added {
-                            Some(ip) => {
-                                let mut both = vec![ips[0], ip];
-                                both.sort_by_key(|ip| is_v6(*ip));
-                                self.held.insert(key.to_owned(), (pool, both));
-                                self.waiting.remove(key);
-                            }
-                            None => self.wait(key),
-                        }
-                    }
-                    return false;
-                }
-                None => {
-                    self.held.remove(key);
-                    released = true;
-                }
+        let mut claims = self.status.get(key).cloned().unwrap_or_default();
+        claims.sort_by_key(|ip| is_v6(*ip));
+        let kept = if claims.is_empty() {
+            None
+        } else {
+            self.allowed(key, &svc, &claims)
+        };
+        let after = match kept {
+            Some(pool) if svc.request == Request::Invalid || !svc.half_served(&claims) => {
+                Some((pool, claims))
             }
-        }
-        if keep_only {
-            return released;
-        }
-        if svc.request == Request::Invalid {
-            self.waiting.remove(key);
-            return released;
-        }
-        match self.new_addresses(key, &svc) {
-            Some(holding) => {
-                if svc.half_served(&holding.1) {
-                    self.wait(key);
-                } else {
-                    self.waiting.remove(key);
-                }
-                self.held.insert(key.to_owned(), holding);
+            Some(pool) if keep_only => Some((pool, claims)),
+            Some(pool) => {
+                let missing = !is_v6(claims[0]);
+                let added = self
+                    .pool(&pool)
+                    .and_then(|p| self.lowest(p, missing, key, &svc));
+                claims.extend(added);
+                claims.sort_by_key(|ip| is_v6(*ip));
+                Some((pool, claims))
             }
-            None => self.wait(key),
+            None if keep_only || svc.request == Request::Invalid => None,
+            None => self.new_addresses(key, &svc),
+        };
+        match &after {
+            Some((_, ips)) if !svc.half_served(ips) => {
+                self.waiting.remove(key);
+            }
+            None if svc.request == Request::Invalid => {
+                self.waiting.remove(key);
+            }
+            // The first pass hands out nothing: whether a Service waits
+            // (one left without addresses, or half-served and not yet
+            // looking for its missing family) is decided at its place in
+            // the second.
+            _ if keep_only => {}
+            _ => self.wait(key),
+        }
+        let released = before.as_ref().is_some_and(|(_, old)| {
+            old.iter()
+                .any(|ip| !after.as_ref().is_some_and(|(_, new)| new.contains(ip)))
+        });
+        let written = after.as_ref().map(|h| h.1.clone()).unwrap_or_default();
+        self.status.insert(key.to_owned(), written);
+        if let Some(holding) = after {
+            self.held.insert(key.to_owned(), holding);
         }
         released
     }
@@ -915,28 +912,18 @@ impl Model {
         keys
     }
 
-    /// The two passes of §4.5, after a restart (`claims`) or a pool or
-    /// Namespace change (what is held).
-    fn two_passes(&mut self, claims: Option<BTreeMap<String, Vec<IpAddr>>>) {
+    /// The two passes of §4.5, at `SYNCED` and after a pool or Namespace
+    /// change.
+    fn two_passes(&mut self) {
         let keys = self.in_first_seen_order();
         let mut released = Vec::new();
         for key in &keys {
-            let claimed = match &claims {
-                Some(claims) => claims.get(key).cloned().unwrap_or_default(),
-                None => self.held.get(key).map(|h| h.1.clone()).unwrap_or_default(),
-            };
-            if claimed.is_empty() || !self.services[key].ours {
-                continue;
-            }
-            let mut ips = claimed;
-            ips.sort_by_key(|ip| is_v6(*ip));
-            let svc = self.services[key].clone();
-            self.held.remove(key);
-            match self.allowed(key, &svc, &ips) {
-                Some(pool) => {
-                    self.held.insert(key.clone(), (pool, ips));
+            let claimed = self.status.get(key).is_some_and(|ips| !ips.is_empty());
+            if claimed && self.services[key].ours {
+                self.reconcile(key, true);
+                if !self.held.contains_key(key) {
+                    released.push(key.clone());
                 }
-                None => released.push(key.clone()),
             }
         }
         let rest = keys.iter().filter(|key| !released.contains(key));
@@ -956,8 +943,7 @@ impl Model {
         let event: Value = serde_json::from_str(line).unwrap();
         if event["type"] == "SYNCED" {
             self.synced = true;
-            let claims = std::mem::take(&mut self.status);
-            self.two_passes(Some(claims));
+            self.two_passes();
             return;
         }
         let object = &event["object"];
@@ -976,7 +962,7 @@ impl Model {
                     (None, true) => return,
                 }
                 if self.synced {
-                    self.two_passes(None);
+                    self.two_passes();
                 }
             }
             "Namespace" => {
@@ -987,7 +973,7 @@ impl Model {
                 let changed = self.teams.get(&name) != Some(&team);
                 self.teams.insert(name, team);
                 if self.synced && changed {
-                    self.two_passes(None);
+                    self.two_passes();
                 }
             }
             _ => self.apply_service(object, deleted),
@@ -1003,11 +989,11 @@ impl Model {
         if deleted {
             if self.services.remove(&key).is_some() {
                 self.first_seen.remove(&key);
-                self.status.remove(&key);
                 if self.synced {
                     self.reconcile(&key, false);
                     self.wake(&key);
                 }
+                self.status.remove(&key);
             }
             return;
         }
@@ -1026,13 +1012,16 @@ impl Model {
             }
         }
         self.services.insert(key.clone(), svc.clone());
+        // The store replaces the status only when the line has one.
+        if object.get("status").is_some() || old.is_none() {
+            let ingress = object["status"]["loadBalancer"]["ingress"].as_array();
+            let ips = ingress
+                .into_iter()
+                .flatten()
+                .map(|i| i["ip"].as_str().unwrap().parse().unwrap());
+            self.status.insert(key.clone(), ips.collect());
+        }
         if !self.synced {
-            if let Some(ingress) = object["status"]["loadBalancer"]["ingress"].as_array() {
-                let ips = ingress
-                    .iter()
-                    .map(|i| i["ip"].as_str().unwrap().parse().unwrap());
-                self.status.insert(key, ips.collect());
-            }
             return;
         }
         let before = self.held.get(&key).cloned();
@@ -1064,14 +1053,11 @@ impl Model {
             .iter()
             .filter(|(_, svc)| svc.load_balancer)
             .map(|(key, _)| {
-                let (ips, pool) = match self.held.get(key) {
-                    Some((pool, ips)) => (
-                        ips.iter().map(ToString::to_string).collect(),
-                        Some(pool.clone()),
-                    ),
-                    None => (Vec::new(), None),
-                };
-                (key.clone(), (ips, pool))
+                // What the store shows: ours as written, the others as
+                // the stream left them.
+                let ips = self.status.get(key).into_iter().flatten();
+                let pool = self.held.get(key).map(|(pool, _)| pool.clone());
+                (key.clone(), (ips.map(ToString::to_string).collect(), pool))
             })
             .collect()
     }
