@@ -45,9 +45,13 @@ const NAMESPACES: &[&str] = &["a", "b"];
 const TEAMS: &[&str] = &["x", "y"];
 const TIERS: &[&str] = &["web", "db"];
 const PORTS: &[(&str, i32)] = &[("TCP", 80), ("TCP", 443), ("UDP", 53)];
-/// `ipFamilyPolicy` and `ipFamilies` of a Service.
+/// `ipFamilyPolicy` and `ipFamilies` of a Service (none: the store fills
+/// them in by the policy, docs/replay.md §1.2).
 const STACKS: &[(&str, &[&str])] = &[
     ("SingleStack", &["IPv4"]),
+    ("SingleStack", &[]),
+    ("RequireDualStack", &[]),
+    ("PreferDualStack", &["IPv4"]),
     ("SingleStack", &["IPv6"]),
     ("PreferDualStack", &["IPv4", "IPv6"]),
     ("PreferDualStack", &["IPv6", "IPv4"]),
@@ -91,7 +95,8 @@ const CLAIMS: &[&str] = &[
 
 #[derive(Clone, Debug)]
 struct Allocation {
-    priority: Option<u8>,
+    /// -1 makes the pool invalid.
+    priority: Option<i8>,
     namespace: Option<u8>,
     team: Option<u8>,
     tier: Option<u8>,
@@ -106,8 +111,11 @@ struct Spec {
     headless: bool,
     /// (old prefix, key).
     sharing: Option<(bool, u8)>,
-    pool: Option<u8>,
-    request: Option<u8>,
+    /// (old prefix, pool; past the pools: an unknown one).
+    pool: Option<(bool, u8)>,
+    /// (0: annotation, 1: old-prefix annotation, 2: both, the old one
+    /// asking for the next request; request).
+    request: Option<(u8, u8)>,
     load_balancer_ip: Option<u8>,
     ports: u8,
     local: Option<u8>,
@@ -126,9 +134,10 @@ enum Op {
         allocation: Option<Allocation>,
     },
     DeletePool(u8),
+    /// Labelled with a team, or deleted.
     Namespace {
         namespace: u8,
-        team: u8,
+        team: Option<u8>,
     },
     Service {
         namespace: u8,
@@ -151,12 +160,21 @@ fn spec_strategy(initial: bool) -> impl Strategy<Value = Spec> {
         ),
         (
             proptest::option::weighted(0.45, (proptest::bool::weighted(0.2), 0u8..2)),
-            proptest::option::weighted(0.12, 0..POOLS.len() as u8 + 1),
-            proptest::option::weighted(0.17, 0..REQUESTS.len() as u8),
+            proptest::option::weighted(
+                0.12,
+                (proptest::bool::weighted(0.2), 0..POOLS.len() as u8 + 1),
+            ),
+            proptest::option::weighted(
+                0.17,
+                (
+                    prop_oneof![6 => Just(0u8), 1 => Just(1), 1 => Just(2)],
+                    0..REQUESTS.len() as u8,
+                ),
+            ),
             proptest::option::weighted(0.06, 0..CLAIMS.len() as u8),
         ),
         (
-            1u8..8,
+            0u8..8,
             proptest::option::weighted(0.2, 0u8..2),
             proptest::option::weighted(0.5, 0u8..2),
             proptest::option::weighted(
@@ -193,7 +211,7 @@ fn spec_strategy(initial: bool) -> impl Strategy<Value = Spec> {
 
 fn op_strategy(initial: bool) -> impl Strategy<Value = Op> {
     let allocation = (
-        proptest::option::weighted(0.6, 0u8..4),
+        proptest::option::weighted(0.6, -1i8..4),
         proptest::option::weighted(0.4, 0..NAMESPACES.len() as u8),
         proptest::option::weighted(0.3, 0..TEAMS.len() as u8),
         proptest::option::weighted(0.25, 0..TIERS.len() as u8),
@@ -220,7 +238,7 @@ fn op_strategy(initial: bool) -> impl Strategy<Value = Op> {
                 allocation,
             }),
         1 => (0..POOLS.len() as u8).prop_map(Op::DeletePool),
-        1 => (0..NAMESPACES.len() as u8, 0..TEAMS.len() as u8)
+        1 => (0..NAMESPACES.len() as u8, proptest::option::weighted(0.8, 0..TEAMS.len() as u8))
             .prop_map(|(namespace, team)| Op::Namespace { namespace, team }),
         12 => (0..NAMESPACES.len() as u8, 0u8..5, spec_strategy(initial))
             .prop_map(|(namespace, name, spec)| Op::Service { namespace, name, spec }),
@@ -300,10 +318,19 @@ fn render_op(op: &Op) -> Value {
         Op::DeletePool(pool) => json!({"type": "DELETED", "object": {
             "apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
             "metadata": {"name": pick(POOLS, *pool).0, "namespace": "metallb-system"}}}),
-        Op::Namespace { namespace, team } => json!({"type": "MODIFIED", "object": {
+        Op::Namespace {
+            namespace,
+            team: Some(team),
+        } => json!({"type": "MODIFIED", "object": {
             "apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": pick(NAMESPACES, *namespace),
                          "labels": {"team": pick(TEAMS, *team)}}}}),
+        Op::Namespace {
+            namespace,
+            team: None,
+        } => json!({"type": "DELETED", "object": {
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": pick(NAMESPACES, *namespace)}}}),
         Op::Service {
             namespace,
             name,
@@ -316,7 +343,12 @@ fn render_op(op: &Op) -> Value {
 }
 
 fn service_object(namespace: u8, name: u8, spec: &Spec) -> Value {
-    let (policy, families) = pick(STACKS, spec.stack);
+    let (policy, listed) = pick(STACKS, spec.stack);
+    let families: &[&str] = match (listed, policy) {
+        ([], "SingleStack") => &["IPv4"],
+        ([], _) => &["IPv4", "IPv6"],
+        (listed, _) => listed,
+    };
     let mut annotations = serde_json::Map::new();
     if let Some((old, key)) = spec.sharing {
         let prefix = if old {
@@ -329,15 +361,32 @@ fn service_object(namespace: u8, name: u8, spec: &Spec) -> Value {
             json!(format!("k{key}")),
         );
     }
-    if let Some(pool) = spec.pool {
+    if let Some((old, pool)) = spec.pool {
         let name = POOLS.get(usize::from(pool)).map_or("unknown", |p| p.0);
-        annotations.insert("metallb.io/address-pool".to_owned(), json!(name));
+        let prefix = if old {
+            "metallb.universe.tf"
+        } else {
+            "metallb.io"
+        };
+        annotations.insert(format!("{prefix}/address-pool"), json!(name));
     }
-    if let Some(request) = spec.request {
-        annotations.insert(
+    if let Some((how, request)) = spec.request {
+        let (new, old) = (
             "metallb.io/loadBalancerIPs".to_owned(),
-            json!(pick(REQUESTS, request)),
+            "metallb.universe.tf/loadBalancerIPs".to_owned(),
         );
+        let (asked, next) = (
+            pick(REQUESTS, request),
+            pick(REQUESTS, request.wrapping_add(1)),
+        );
+        match how {
+            0 => annotations.insert(new, json!(asked)),
+            1 => annotations.insert(old, json!(asked)),
+            _ => {
+                annotations.insert(old, json!(next));
+                annotations.insert(new, json!(asked))
+            }
+        };
     }
     let ports: Vec<Value> = PORTS
         .iter()
@@ -348,9 +397,11 @@ fn service_object(namespace: u8, name: u8, spec: &Spec) -> Value {
     let mut body = json!({
         "type": if spec.load_balancer { "LoadBalancer" } else { "ClusterIP" },
         "ipFamilyPolicy": policy,
-        "ipFamilies": families,
         "ports": ports,
     });
+    if !listed.is_empty() {
+        body["ipFamilies"] = json!(listed);
+    }
     match spec.class {
         0 => {}
         1 => body["loadBalancerClass"] = json!(""),
@@ -446,6 +497,8 @@ fn entry(text: &str) -> (u128, u128, bool) {
 
 struct Pool {
     name: String,
+    /// A negative priority makes the pool invalid (§3.1).
+    valid: bool,
     entries: Vec<(u128, u128, bool)>,
     auto_assign: bool,
     avoid_buggy: bool,
@@ -479,6 +532,7 @@ impl Pool {
             auto_assign: spec["autoAssign"].as_bool().unwrap_or(true),
             avoid_buggy: spec["avoidBuggyIPs"].as_bool().unwrap_or(false),
             pinned: rules.is_object(),
+            valid: rules["priority"].as_i64().unwrap_or(0) >= 0,
             priority: rules["priority"].as_u64().unwrap_or(0),
             namespaces: rules["namespaces"]
                 .as_array()
@@ -565,6 +619,26 @@ struct Svc {
     tier: Option<String>,
 }
 
+/// The families as the store fills them in (docs/replay.md §1.2), as the
+/// API server of a dual-stack cluster does: by the policy where none are
+/// listed, IPv4 first; a dual-stack policy listing one gets the other
+/// added.
+fn families(spec: &Value) -> Vec<bool> {
+    let listed: Vec<bool> = spec["ipFamilies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| f == "IPv6")
+        .collect();
+    let single = spec["ipFamilyPolicy"].as_str().unwrap_or("SingleStack") == "SingleStack";
+    match (listed.as_slice(), single) {
+        ([], true) => vec![false],
+        ([], false) => vec![false, true],
+        ([only], false) => vec![*only, !*only],
+        _ => listed,
+    }
+}
+
 impl Svc {
     fn new(object: &Value) -> Svc {
         let metadata = &object["metadata"];
@@ -604,12 +678,7 @@ impl Svc {
             ours: load_balancer && spec["loadBalancerClass"].as_str().unwrap_or("").is_empty(),
             headless: spec["clusterIP"] == "None",
             prefer: spec["ipFamilyPolicy"] == "PreferDualStack",
-            families: spec["ipFamilies"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|f| f == "IPv6")
-                .collect(),
+            families: families(spec),
             sharing: annotation("allow-shared-ip").unwrap_or_default(),
             ports: spec["ports"]
                 .as_array()
@@ -671,7 +740,7 @@ impl Model {
     /// §3.1: each pool checked against those accepted before it.
     fn accepted(&self) -> Vec<&Pool> {
         let mut accepted: Vec<&Pool> = Vec::new();
-        for pool in &self.pools {
+        for pool in self.pools.iter().filter(|p| p.valid) {
             if !accepted.iter().any(|p| p.overlaps(pool)) {
                 accepted.push(pool);
             }
@@ -968,10 +1037,12 @@ impl Model {
             "Namespace" => {
                 let team = object["metadata"]["labels"]["team"]
                     .as_str()
-                    .unwrap()
-                    .to_owned();
-                let changed = self.teams.get(&name) != Some(&team);
-                self.teams.insert(name, team);
+                    .map(str::to_owned);
+                let changed = self.teams.get(&name) != team.as_ref();
+                match team {
+                    Some(team) if !deleted => self.teams.insert(name, team),
+                    _ => self.teams.remove(&name),
+                };
                 if self.synced && changed {
                     self.two_passes();
                 }
