@@ -14,7 +14,9 @@
 //! other classes and types, sharing keys (old prefix too) with port sets and
 //! `Local` backends, requested addresses (annotation or
 //! `spec.loadBalancerIP`, valid, invalid or outside every pool), requested
-//! pools; an initial list with statuses before `SYNCED` (a restart).
+//! pools; an initial list with statuses before `SYNCED` (a restart), and
+//! statuses edited after it. Each Service's `IPAllocated` and
+//! `ClearAssignment` Events (§4.7) must agree too, in order.
 //!
 //! Where the model reads the rules one way among several, it follows
 //! MetalLB's controller, as the manager does: an invalid request keeps only
@@ -729,6 +731,8 @@ struct Model {
     status: BTreeMap<String, Vec<IpAddr>>,
     synced: bool,
     clock: u64,
+    /// `IPAllocated` and `ClearAssignment` Events, per Service in order.
+    events: BTreeMap<String, Vec<&'static str>>,
 }
 
 impl Model {
@@ -917,6 +921,7 @@ impl Model {
         } else {
             self.allowed(key, &svc, &claims)
         };
+        let (shown, claims_were_kept) = (claims.clone(), kept.is_some());
         let after = match kept {
             Some(pool) if svc.request == Request::Invalid || !svc.half_served(&claims) => {
                 Some((pool, claims))
@@ -948,6 +953,18 @@ impl Model {
             _ if keep_only => {}
             _ => self.wait(key),
         }
+        // §4.7: a status no longer allowed is cleared; an address not
+        // kept from the status is given.
+        if !claims_were_kept && !shown.is_empty() {
+            self.announce(key, "ClearAssignment");
+        }
+        let kept: &[IpAddr] = if claims_were_kept { &shown } else { &[] };
+        if after
+            .as_ref()
+            .is_some_and(|(_, ips)| ips.iter().any(|ip| !kept.contains(ip)))
+        {
+            self.announce(key, "IPAllocated");
+        }
         let released = before.as_ref().is_some_and(|(_, old)| {
             old.iter()
                 .any(|ip| !after.as_ref().is_some_and(|(_, new)| new.contains(ip)))
@@ -958,6 +975,10 @@ impl Model {
             self.held.insert(key.to_owned(), holding);
         }
         released
+    }
+
+    fn announce(&mut self, key: &str, reason: &'static str) {
+        self.events.entry(key.to_owned()).or_default().push(reason);
     }
 
     /// §4.6: every waiting Service but the waker, longest waiting first.
@@ -1156,6 +1177,22 @@ fn an_independent_model_of_the_rules_gives_the_same_addresses() {
         let text = lines.join("\n") + "\n";
         let output = replay(&text, &Default::default())
             .map_err(|error| TestCaseError::fail(format!("{error}\nstream:\n{text}")))?;
+        let mut got_events: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+        for event in &output.result.events {
+            if let reason @ ("IPAllocated" | "ClearAssignment") = event.reason.as_str() {
+                got_events
+                    .entry(event.key.clone())
+                    .or_default()
+                    .push(reason);
+            }
+        }
+        if got_events != model.events {
+            return Err(TestCaseError::fail(format!(
+                "events differ: replay {got_events:?}, model {:?}\nstream:\n{}",
+                model.events,
+                lines.join("\n")
+            )));
+        }
         let got = addresses(&output.result);
         let want = model.addresses();
         if got != want {
