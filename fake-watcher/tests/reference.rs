@@ -16,7 +16,8 @@
 //! `spec.loadBalancerIP`, valid, invalid or outside every pool), requested
 //! pools; an initial list with statuses before `SYNCED` (a restart), and
 //! statuses edited after it. Each Service's `IPAllocated` and
-//! `ClearAssignment` Events (§4.7) must agree too, in order.
+//! `ClearAssignment` Events (§4.7) must agree too, in order, and so must
+//! the pools accepted and rejected and their counters.
 //!
 //! Where the model reads the rules one way among several, it follows
 //! MetalLB's controller, as the manager does: an invalid request keeps only
@@ -1140,6 +1141,34 @@ impl Model {
         }
     }
 
+    /// Every accepted pool by name: usable and held addresses of IPv4,
+    /// then of IPv6; and the names of the rejected ones.
+    fn pools(&self) -> (Vec<(String, [u128; 4])>, Vec<String>) {
+        let held: BTreeSet<IpAddr> = self.held.values().flat_map(|h| h.1.clone()).collect();
+        let mut accepted: Vec<(String, [u128; 4])> = self
+            .accepted()
+            .into_iter()
+            .map(|pool| {
+                let count = |v6: bool| {
+                    let usable: Vec<IpAddr> = pool.candidates(v6).collect();
+                    let used = usable.iter().filter(|ip| held.contains(*ip)).count();
+                    (usable.len() as u128, used as u128)
+                };
+                let ((v4, v4_used), (v6, v6_used)) = (count(false), count(true));
+                (pool.name.clone(), [v4, v4_used, v6, v6_used])
+            })
+            .collect();
+        accepted.sort();
+        let mut rejected: Vec<String> = self
+            .pools
+            .iter()
+            .map(|p| p.name.clone())
+            .filter(|name| !accepted.iter().any(|(a, _)| a == name))
+            .collect();
+        rejected.sort();
+        (accepted, rejected)
+    }
+
     fn addresses(&self) -> BTreeMap<String, (Vec<String>, Option<String>)> {
         self.services
             .iter()
@@ -1190,6 +1219,32 @@ fn an_independent_model_of_the_rules_gives_the_same_addresses() {
             return Err(TestCaseError::fail(format!(
                 "events differ: replay {got_events:?}, model {:?}\nstream:\n{}",
                 model.events,
+                lines.join("\n")
+            )));
+        }
+        let count = |c: &fake_watcher::Count| c.0.get().unwrap_or(u128::MAX);
+        let got_pools = (
+            output
+                .result
+                .pools
+                .iter()
+                .map(|p| {
+                    let (v4, v6) = (&p.ipv4, &p.ipv6);
+                    let counts = [&v4.total, &v4.assigned, &v6.total, &v6.assigned].map(count);
+                    (p.name.clone(), counts)
+                })
+                .collect::<Vec<_>>(),
+            output
+                .result
+                .rejected_pools
+                .iter()
+                .map(|p| p.name.clone())
+                .collect::<Vec<_>>(),
+        );
+        if got_pools != model.pools() {
+            return Err(TestCaseError::fail(format!(
+                "pools differ: replay {got_pools:?}, model {:?}\nstream:\n{}",
+                model.pools(),
                 lines.join("\n")
             )));
         }
