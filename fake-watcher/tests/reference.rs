@@ -27,6 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use fake_watcher::{Count, ReplayResult};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Value};
@@ -1186,7 +1187,64 @@ impl Model {
 
 // ----- the property -----
 
-/// The replay and the model agree on every Service's addresses and pool.
+/// The `IPAllocated` and `ClearAssignment` Events of each Service, in order.
+fn announced(result: &ReplayResult) -> BTreeMap<String, Vec<&str>> {
+    let mut events: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for event in &result.events {
+        if let reason @ ("IPAllocated" | "ClearAssignment") = event.reason.as_str() {
+            events.entry(event.key.clone()).or_default().push(reason);
+        }
+    }
+    events
+}
+
+/// The pools as [`Model::pools`] gives them.
+fn pools(result: &ReplayResult) -> (Vec<(String, [u128; 4])>, Vec<String>) {
+    let count = |c: &Count| c.0.get().unwrap_or(u128::MAX);
+    let accepted = result.pools.iter().map(|p| {
+        let (v4, v6) = (&p.ipv4, &p.ipv6);
+        let counts = [&v4.total, &v4.assigned, &v6.total, &v6.assigned].map(count);
+        (p.name.clone(), counts)
+    });
+    let rejected = result.rejected_pools.iter().map(|p| p.name.clone());
+    (accepted.collect(), rejected.collect())
+}
+
+/// How the replay's result differs from the model's, if it does.
+fn differences(result: &ReplayResult, model: &Model) -> Result<(), String> {
+    let events = announced(result);
+    if events != model.events {
+        return Err(format!(
+            "events differ: replay {events:?}, model {:?}",
+            model.events
+        ));
+    }
+    let (got, want) = (pools(result), model.pools());
+    if got != want {
+        return Err(format!("pools differ: replay {got:?}, model {want:?}"));
+    }
+    let (got, want) = (addresses(result), model.addresses());
+    let keys: BTreeSet<&String> = want.keys().chain(got.keys()).collect();
+    let differing: Vec<String> = keys
+        .into_iter()
+        .filter(|key| got.get(*key) != want.get(*key))
+        .map(|key| {
+            format!(
+                "{key}: replay {:?}, model {:?}",
+                got.get(key),
+                want.get(key)
+            )
+        })
+        .collect();
+    if differing.is_empty() {
+        Ok(())
+    } else {
+        Err(differing.join("\n"))
+    }
+}
+
+/// The replay and the model agree on every Service's addresses, pool and
+/// Events, and on the pools.
 #[test]
 fn an_independent_model_of_the_rules_gives_the_same_addresses() {
     let config = Config {
@@ -1196,6 +1254,7 @@ fn an_independent_model_of_the_rules_gives_the_same_addresses() {
     };
     let outcome = TestRunner::new(config).run(&script_strategy(), |script| {
         let lines = render(&script);
+        let text = lines.join("\n") + "\n";
         let mut model = Model {
             synced: script.initial.is_none(),
             ..Model::default()
@@ -1203,74 +1262,10 @@ fn an_independent_model_of_the_rules_gives_the_same_addresses() {
         for line in &lines {
             model.apply(line);
         }
-        let text = lines.join("\n") + "\n";
-        let output = replay(&text, &Default::default())
-            .map_err(|error| TestCaseError::fail(format!("{error}\nstream:\n{text}")))?;
-        let mut got_events: BTreeMap<String, Vec<&str>> = BTreeMap::new();
-        for event in &output.result.events {
-            if let reason @ ("IPAllocated" | "ClearAssignment") = event.reason.as_str() {
-                got_events
-                    .entry(event.key.clone())
-                    .or_default()
-                    .push(reason);
-            }
-        }
-        if got_events != model.events {
-            return Err(TestCaseError::fail(format!(
-                "events differ: replay {got_events:?}, model {:?}\nstream:\n{}",
-                model.events,
-                lines.join("\n")
-            )));
-        }
-        let count = |c: &fake_watcher::Count| c.0.get().unwrap_or(u128::MAX);
-        let got_pools = (
-            output
-                .result
-                .pools
-                .iter()
-                .map(|p| {
-                    let (v4, v6) = (&p.ipv4, &p.ipv6);
-                    let counts = [&v4.total, &v4.assigned, &v6.total, &v6.assigned].map(count);
-                    (p.name.clone(), counts)
-                })
-                .collect::<Vec<_>>(),
-            output
-                .result
-                .rejected_pools
-                .iter()
-                .map(|p| p.name.clone())
-                .collect::<Vec<_>>(),
-        );
-        if got_pools != model.pools() {
-            return Err(TestCaseError::fail(format!(
-                "pools differ: replay {got_pools:?}, model {:?}\nstream:\n{}",
-                model.pools(),
-                lines.join("\n")
-            )));
-        }
-        let got = addresses(&output.result);
-        let want = model.addresses();
-        if got != want {
-            let differing: Vec<String> = want
-                .keys()
-                .chain(got.keys())
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .filter(|key| got.get(*key) != want.get(*key))
-                .map(|key| {
-                    format!(
-                        "{key}: replay {:?}, model {:?}",
-                        got.get(key),
-                        want.get(key)
-                    )
-                })
-                .collect();
-            return Err(TestCaseError::fail(format!(
-                "{}\nstream:\n{text}",
-                differing.join("\n")
-            )));
-        }
-        Ok(())
+        replay(&text, &Default::default())
+            .map_err(|error| error.to_string())
+            .and_then(|output| differences(&output.result, &model))
+            .map_err(|message| TestCaseError::fail(format!("{message}\nstream:\n{text}")))
     });
     match outcome {
         Ok(()) => eprintln!("property reference model: {} cases passed", cases()),
