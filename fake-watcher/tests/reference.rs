@@ -925,10 +925,9 @@ impl Model {
         };
         let (shown, claims_were_kept) = (claims.clone(), kept.is_some());
         let after = match kept {
-            Some(pool) if svc.request == Request::Invalid || !svc.half_served(&claims) => {
-                Some((pool, claims))
-            }
-            Some(pool) if keep_only => Some((pool, claims)),
+            // Kept as shown; only a half-served one looks for more, and not
+            // in the first pass.
+            Some(pool) if keep_only || !svc.half_served(&claims) => Some((pool, claims)),
             Some(pool) => {
                 let missing = !is_v6(claims[0]);
                 let added = self
